@@ -1,0 +1,103 @@
+"""Integer codes shared by the Python side and the numba kernels.
+
+Numba freezes module-level integers at compile time, so the kernels can switch on
+these codes as cheaply as on literals. The Python side (the op-family registry,
+the spec loader) uses the same names, so a code is defined exactly once.
+"""
+
+# ---- op families -----------------------------------------------------------
+# Each family fixes what the columns of an OpTable row's `dims` mean.
+#   GEMM-like:   matmul      dims = [B, M, N, K]
+#   convolution: conv*       dims = [N, C, H, W, K, R, S, P, Q, groups, stride, 0]
+#   attention:   attention*  dims = [B, heads, Sq, Sk, D, Dv, causal, 0...]
+#   LSTM layer:  lstm*       dims = [T, B, I, H, 0...] (one layer, one direction)
+#   memory-bound families    dims = [read, written, flops, inner, outer, kernels?]
+#       (element counts; `inner` is the length of the reduced/normalised row)
+MATMUL = 0
+CONV = 1
+CONV_DGRAD = 2
+CONV_WGRAD = 3
+ATTENTION = 4
+ATTENTION_BWD = 5
+LSTM = 6
+LSTM_BWD = 7
+ELEMENTWISE = 8
+REDUCTION = 9
+SOFTMAX = 10
+SOFTMAX_BWD = 11
+LAYER_NORM = 12
+LAYER_NORM_BWD = 13
+BATCH_NORM = 14
+BATCH_NORM_BWD = 15
+EMBEDDING = 16
+EMBEDDING_BWD = 17
+POOL = 18
+POOL_BWD = 19
+DROPOUT = 20
+LOSS = 21
+OPTIMIZER = 22
+COPY = 23
+FILL = 24
+UNSUPPORTED = 25
+N_FAMILIES = 26
+
+FAMILY_NAMES = (
+    "matmul", "conv", "conv_dgrad", "conv_wgrad", "attention", "attention_bwd",
+    "lstm", "lstm_bwd", "elementwise", "reduction", "softmax", "softmax_bwd",
+    "layer_norm", "layer_norm_bwd", "batch_norm", "batch_norm_bwd", "embedding",
+    "embedding_bwd", "pool", "pool_bwd", "dropout", "loss", "optimizer", "copy",
+    "fill", "unsupported",
+)
+assert len(FAMILY_NAMES) == N_FAMILIES
+
+# Memory-bound dims layout (families ELEMENTWISE and later).
+MEM_READ = 0
+MEM_WRITTEN = 1
+MEM_FLOPS = 2
+MEM_INNER = 3
+MEM_OUTER = 4
+
+MAX_DIMS = 12
+
+# ---- phases ------------------------------------------------------------------
+FORWARD = 0
+BACKWARD = 1
+OPTIMIZER_PHASE = 2
+PHASE_NAMES = ("forward", "backward", "optimizer")
+
+# ---- dtypes ------------------------------------------------------------------
+F32 = 0
+F16 = 1
+BF16 = 2
+F64 = 3
+I64 = 4
+I32 = 5
+I8 = 6
+BOOL = 7
+F8 = 8
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "bool", "float8")
+DTYPE_BYTES = (4, 2, 2, 8, 8, 4, 1, 1, 1)
+
+# ---- GPU feature columns (one row per GPU, float64) --------------------------
+G_SMS = 0
+G_CLOCK_MHZ = 1
+G_MEM_BW_GBS = 2
+G_L2_MB = 3
+G_FP32_TFLOPS = 4
+G_TF32_TFLOPS = 5
+G_FP16_TFLOPS = 6
+G_BF16_TFLOPS = 7
+G_FP64_TFLOPS = 8
+G_MAX_THREADS_SM = 9
+G_MAX_BLOCKS_SM = 10
+G_REGS_SM = 11
+G_SMEM_SM_KB = 12
+G_MEMORY_GB = 13
+G_FP8_TFLOPS = 14
+N_GPU_FEATURES = 15
+
+# ---- basis of a per-op time ----------------------------------------------------
+BASIS_ANALYTICAL = 0
+BASIS_LEARNED = 1
+BASIS_CALIBRATED = 2
+BASIS_NAMES = ("analytical", "learned", "calibrated")

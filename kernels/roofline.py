@@ -1,0 +1,145 @@
+"""The analytical per-op time model: roofline with wave quantization.
+
+    t = max(FLOPs / (peak * eta_c * util), bytes / (bw * eta_m * util_m)) + kernels * launch
+
+`util` is the fraction of the GPU's thread-block slots the last wave keeps busy
+(Habitat's wave quantization): a kernel of N blocks on a GPU with W slots runs
+ceil(N / W) waves, so util = N / (ceil(N / W) * W). A memory-bound kernel too
+small to fill the GPU cannot reach full bandwidth either, but a few blocks per
+SM already saturate it, so its utilisation is that of `MEM_SATURATION` x the
+slots.
+
+All functions take a GPU as one row of the feature matrix (columns in
+``layout``) and the model parameters as a flat array (``P_*`` indices), so that
+fitting them (``predictor.calibration``) needs no recompilation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from predictor.kernels import layout as L
+from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes, thread_blocks
+
+# Smallest slice of the reduction dim one split-K block takes.
+SPLIT_K_MIN = 256
+
+# ---- parameter vector layout ---------------------------------------------------
+# eta_c per family, then eta_m per family, then scalars.
+P_ETA_C = 0
+P_ETA_M = L.N_FAMILIES
+P_LAUNCH_US = 2 * L.N_FAMILIES          # GPU-side cost of one kernel launch
+P_TF32_MATMUL = P_LAUNCH_US + 1         # 1.0: fp32 matmuls use TF32 tensor cores
+P_TF32_CONV = P_LAUNCH_US + 2           # 1.0: fp32 convolutions use TF32 (cuDNN default)
+P_MEM_SATURATION = P_LAUNCH_US + 3      # fraction of block slots that saturates DRAM
+P_LSTM_STEP_US = P_LAUNCH_US + 4        # per time step cost of a recurrent layer
+N_PARAMS = P_LAUNCH_US + 5
+
+
+def default_params() -> np.ndarray:
+    """Hand-set efficiencies of the analytical baseline (before any fitting):
+    cuBLAS/cuDNN reach 60-80 % of peak on large problems, elementwise kernels
+    70-85 % of DRAM bandwidth."""
+    p = np.empty(N_PARAMS)
+    p[P_ETA_C:P_ETA_C + L.N_FAMILIES] = 0.7
+    p[P_ETA_M:P_ETA_M + L.N_FAMILIES] = 0.75
+    for fam, eta in ((L.ATTENTION, 0.45), (L.ATTENTION_BWD, 0.35), (L.CONV_WGRAD, 0.6),
+                     (L.LSTM, 0.5), (L.LSTM_BWD, 0.45)):
+        p[P_ETA_C + fam] = eta
+    for fam, eta in ((L.EMBEDDING_BWD, 0.3), (L.OPTIMIZER, 0.8), (L.COPY, 0.7),
+                     (L.REDUCTION, 0.65), (L.SOFTMAX_BWD, 0.7), (L.LAYER_NORM_BWD, 0.6)):
+        p[P_ETA_M + fam] = eta
+    p[P_LAUNCH_US] = 2.5
+    p[P_TF32_MATMUL] = 0.0  # torch.backends.cuda.matmul.allow_tf32 is False by default
+    p[P_TF32_CONV] = 1.0    # torch.backends.cudnn.allow_tf32 is True by default
+    p[P_MEM_SATURATION] = 0.25
+    p[P_LSTM_STEP_US] = 6.0
+    return p
+
+
+@njit(cache=True)
+def peak_flops(gpu, family, dtype_code, params):
+    """Peak FLOP/s this row can use on this GPU (TF32 per PyTorch's defaults)."""
+    tc_family = family == L.MATMUL or family == L.CONV or family == L.CONV_DGRAD \
+        or family == L.CONV_WGRAD or family == L.ATTENTION or family == L.ATTENTION_BWD \
+        or family == L.LSTM or family == L.LSTM_BWD
+    if not tc_family:
+        if dtype_code == L.F64:
+            return gpu[L.G_FP64_TFLOPS] * 1e12
+        return gpu[L.G_FP32_TFLOPS] * 1e12
+    if dtype_code == L.F16:
+        return gpu[L.G_FP16_TFLOPS] * 1e12
+    if dtype_code == L.BF16:
+        return gpu[L.G_BF16_TFLOPS] * 1e12
+    if dtype_code == L.F8:
+        return gpu[L.G_FP8_TFLOPS] * 1e12
+    if dtype_code == L.F64:
+        return gpu[L.G_FP64_TFLOPS] * 1e12
+    conv = family == L.CONV or family == L.CONV_DGRAD or family == L.CONV_WGRAD \
+        or family == L.LSTM or family == L.LSTM_BWD
+    use_tf32 = params[P_TF32_CONV] > 0.5 if conv else params[P_TF32_MATMUL] > 0.5
+    if use_tf32:
+        return max(gpu[L.G_TF32_TFLOPS], gpu[L.G_FP32_TFLOPS]) * 1e12
+    return gpu[L.G_FP32_TFLOPS] * 1e12
+
+
+@njit(cache=True)
+def is_gemm(family):
+    return family == L.MATMUL or family == L.CONV or family == L.CONV_DGRAD \
+        or family == L.CONV_WGRAD
+
+
+@njit(cache=True)
+def wave_utilisation(blocks, slots):
+    """Fraction of `slots` busy averaged over ceil(blocks / slots) waves."""
+    if slots <= 0:
+        return 1.0
+    waves = (blocks + slots - 1) // slots
+    return blocks / (waves * slots)
+
+
+@njit(cache=True)
+def block_slots(gpu, per_sm_cap, threads):
+    """Thread blocks resident at once on the whole GPU."""
+    by_threads = gpu[L.G_MAX_THREADS_SM] // threads
+    per_sm = min(per_sm_cap, by_threads, gpu[L.G_MAX_BLOCKS_SM])
+    return max(int(per_sm), 1) * int(gpu[L.G_SMS])
+
+
+@njit(cache=True)
+def op_time_us(family, dtype_code, kernels, d, gpu, params):
+    """Analytical time of one execution of a row, microseconds."""
+    flops, elems = flops_and_elems(family, d)
+    nbytes = elems * row_elem_bytes(dtype_code)
+    blocks, per_sm, threads = thread_blocks(family, d)
+    slots = block_slots(gpu, per_sm, threads)
+    if is_gemm(family) and blocks < slots:
+        # cuBLAS/cuDNN split a long reduction across blocks (split-K) when the
+        # output tiles alone cannot fill the GPU (weight gradients, skinny GEMMs).
+        k = gemm_shape(family, d)[3]
+        blocks *= max(min(slots // blocks, k // SPLIT_K_MIN), 1)
+    util = wave_utilisation(blocks, slots)
+    util_m = min(1.0, blocks / max(params[P_MEM_SATURATION] * slots, 1.0))
+    t_c = 0.0
+    if flops > 0.0:
+        t_c = flops / (peak_flops(gpu, family, dtype_code, params)
+                       * params[P_ETA_C + family] * util) * 1e6
+    t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[P_ETA_M + family] * util_m) * 1e6
+    t = max(t_c, t_m) + kernels * params[P_LAUNCH_US]
+    if family == L.LSTM or family == L.LSTM_BWD:
+        # Recurrent layers run one dependent step after another.
+        t += d[0] * params[P_LSTM_STEP_US]
+    return t
+
+
+def op_time_us_py(family: int, dtype_code: int, kernels: int, dims, gpu: np.ndarray,
+                  params: np.ndarray) -> float:
+    """Plain-Python entry for a single row (tests, predict_op)."""
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    d[: len(dims)] = dims
+    t = op_time_us(int(family), int(dtype_code), int(kernels), d, gpu, params)
+    assert math.isfinite(t)
+    return t

@@ -1,0 +1,131 @@
+"""How much work an OpTable row does: FLOPs, bytes and thread blocks, from its
+dims. Pure numba functions over scalars and arrays; the only place where the
+per-family formulas live (the registry only extracts dims)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from predictor.kernels import layout as L
+
+# Output tile of the GEMM kernels assumed for wave counting (cuBLAS/cuDNN pick
+# 128x64..256x128; 128x128 is the middle of that range).
+TILE_M = 128
+TILE_N = 128
+# PyTorch's vectorised elementwise kernel: 128 threads x 4 elements per thread.
+EW_THREADS = 128
+EW_ELEMS_PER_THREAD = 4
+# FlashAttention processes 128 query rows per thread block.
+ATTN_TILE = 128
+
+
+@njit(cache=True)
+def dims_at(dbase, dslope, row, batch, out):
+    """Dims of row `row` at batch size `batch` (dims are affine in the batch)."""
+    for j in range(dbase.shape[1]):
+        out[j] = dbase[row, j] + dslope[row, j] * batch
+
+
+@njit(cache=True)
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@njit(cache=True)
+def gemm_shape(family, d):
+    """(batch, M, N, K) of the GEMM a matmul or convolution row runs as."""
+    if family == L.MATMUL:
+        return d[0], d[1], d[2], d[3]
+    # conv dims: n c h w k r s p q groups stride
+    n, c, h, w, k, r, s, p, q, g = d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9]
+    g = max(g, 1)
+    if family == L.CONV:  # implicit GEMM: (N*P*Q) x K, reduction C/g*R*S
+        return g, n * p * q, k // g, (c // g) * r * s
+    if family == L.CONV_DGRAD:  # (N*H*W) x C, reduction K/g*R*S
+        return g, n * h * w, c // g, (k // g) * r * s
+    # CONV_WGRAD: K x (C/g*R*S), reduction N*P*Q
+    return g, k // g, (c // g) * r * s, n * p * q
+
+
+@njit(cache=True)
+def flops_and_elems(family, d):
+    """(FLOPs, elements moved to/from DRAM) of one execution of a row."""
+    if family == L.MATMUL or family == L.CONV or family == L.CONV_DGRAD or family == L.CONV_WGRAD:
+        if family == L.MATMUL:
+            bt, m, n, k = d[0], d[1], d[2], d[3]
+            return 2.0 * bt * m * n * k, float(bt * m * k + bt * k * n + bt * m * n)
+        # All three convolution passes do the forward's multiply-adds; the dgrad's
+        # implicit GEMM shape would over-count strided convs by stride^2.
+        nn_, c, h, w, kk, r, s, p, q, g = d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9]
+        cg = c // max(g, 1)
+        flops = 2.0 * nn_ * kk * p * q * cg * r * s
+        elems = float(nn_ * c * h * w + kk * cg * r * s + nn_ * kk * p * q)
+        return flops, elems
+    if family == L.ATTENTION or family == L.ATTENTION_BWD:
+        b, h, sq, sk, dd, dv, causal = d[0], d[1], d[2], d[3], d[4], d[5], d[6]
+        flops = 2.0 * b * h * sq * sk * (dd + dv)
+        if causal:
+            flops *= 0.5
+        elems = float(b * h * (sq * dd + sk * dd + sk * dv + sq * dv))
+        if family == L.ATTENTION_BWD:  # recompute S, then dV, dP, dS, dQ, dK
+            flops *= 2.5
+            elems *= 2.0
+        return flops, elems
+    if family == L.LSTM or family == L.LSTM_BWD:
+        t, b, i, h = d[0], d[1], d[2], d[3]
+        flops = 2.0 * t * b * 4 * h * (i + h) + 10.0 * t * b * 4 * h
+        elems = float(t * b * (i + h) + 4 * h * (i + h) + 2 * t * b * 4 * h)
+        if family == L.LSTM_BWD:
+            flops *= 2.0
+            elems *= 2.0
+        return flops, elems
+    # memory-bound layout: read, written, flops, inner, outer
+    return float(d[L.MEM_FLOPS]), float(d[L.MEM_READ] + d[L.MEM_WRITTEN])
+
+
+@njit(cache=True)
+def thread_blocks(family, d):
+    """(thread blocks, blocks resident per SM at most, threads per block)."""
+    if family == L.MATMUL or family == L.CONV or family == L.CONV_DGRAD or family == L.CONV_WGRAD:
+        bt, m, n, k = gemm_shape(family, d)
+        return max(bt * _cdiv(m, TILE_M) * _cdiv(n, TILE_N), 1), 1, 256
+    if family == L.ATTENTION or family == L.ATTENTION_BWD:
+        return max(d[0] * d[1] * _cdiv(d[2], ATTN_TILE), 1), 1, 128
+    if family == L.LSTM or family == L.LSTM_BWD:
+        return max(_cdiv(d[1], 32) * _cdiv(4 * d[3], 128), 1), 1, 256
+    if family == L.SOFTMAX or family == L.SOFTMAX_BWD or family == L.LAYER_NORM \
+            or family == L.LAYER_NORM_BWD:
+        return max(d[L.MEM_OUTER], 1), 8, 128  # one block per row
+    written = max(d[L.MEM_WRITTEN], d[L.MEM_READ] // 2, 1)
+    return max(_cdiv(written, EW_THREADS * EW_ELEMS_PER_THREAD), 1), 16, EW_THREADS
+
+
+@njit(cache=True)
+def row_elem_bytes(dtype_code):
+    """Bytes per element of a dtype code."""
+    if dtype_code == L.F16 or dtype_code == L.BF16:
+        return 2.0
+    if dtype_code == L.F64 or dtype_code == L.I64:
+        return 8.0
+    if dtype_code == L.I8 or dtype_code == L.BOOL or dtype_code == L.F8:
+        return 1.0
+    return 4.0
+
+
+def work_table(family: np.ndarray, dbase: np.ndarray, dslope: np.ndarray, batch: int):
+    """FLOPs and elements moved for every row at one batch size (Python helper
+    for summaries; the engine calls the per-row functions inside its kernels)."""
+    return _work_table(family, dbase, dslope, np.int64(batch))
+
+
+@njit(cache=True)
+def _work_table(family, dbase, dslope, batch):
+    n = family.shape[0]
+    flops = np.empty(n)
+    elems = np.empty(n)
+    d = np.empty(dbase.shape[1], dtype=np.int64)
+    for i in range(n):
+        dims_at(dbase, dslope, i, batch, d)
+        flops[i], elems[i] = flops_and_elems(family[i], d)
+    return flops, elems

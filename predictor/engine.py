@@ -1,0 +1,94 @@
+"""The engine: an OpTable x (GPU, batch size) configurations -> times.
+
+`predict` is a one-configuration call of `sweep`: one code path, one set of
+numbers. The per-op breakdown re-evaluates the same kernel row by row.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from predictor import hardware as gpudb
+from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
+from predictor.kernels.grid import evaluate_grid, evaluate_ops
+from predictor.kernels.roofline import P_TF32_CONV, P_TF32_MATMUL, default_params
+from predictor.optable import Graph
+from predictor.results import Prediction, SweepResult
+
+_DTYPE_ALIASES = {
+    "float32": L.F32, "fp32": L.F32, "float": L.F32,
+    "float16": L.F16, "fp16": L.F16, "half": L.F16,
+    "bfloat16": L.BF16, "bf16": L.BF16,
+    "float64": L.F64, "fp64": L.F64, "double": L.F64,
+}
+
+
+def _dtype_code(dtype) -> int | None:
+    if dtype is None:
+        return None
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in _DTYPE_ALIASES:
+        raise InvalidArgumentError(
+            f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16, float64")
+    return _DTYPE_ALIASES[key]
+
+
+def model_params(tf32_matmul: bool | None = None, tf32_conv: bool | None = None) -> np.ndarray:
+    """The per-op model's parameter vector with PyTorch's TF32 switches applied
+    (defaults: matmul off, cuDNN conv on, as in PyTorch)."""
+    p = default_params()
+    if tf32_matmul is not None:
+        p[P_TF32_MATMUL] = float(bool(tf32_matmul))
+    if tf32_conv is not None:
+        p[P_TF32_CONV] = float(bool(tf32_conv))
+    return p
+
+
+def _batches(graph: Graph, batch_sizes: Iterable[int] | int | None) -> np.ndarray:
+    if batch_sizes is None:
+        batch_sizes = [graph.batch_size]
+    elif isinstance(batch_sizes, (int, np.integer)):
+        batch_sizes = [int(batch_sizes)]
+    out = [graph.check_batch(b) for b in batch_sizes]
+    if not out:
+        raise InvalidArgumentError("no batch size given")
+    return np.asarray(out, dtype=np.int64)
+
+
+def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
+          batch_sizes: Iterable[int] | int | None = None, *, dtype=None,
+          tf32_matmul: bool | None = None, tf32_conv: bool | None = None) -> SweepResult:
+    """Times of the traced step for every (GPU, batch size)."""
+    db = gpudb.database()
+    chosen = db.resolve(gpus)
+    batches = _batches(graph, batch_sizes)
+    code = _dtype_code(dtype)
+    ops = graph.ops.with_dtype(code) if code is not None else graph.ops
+    feats = db.features(chosen)
+    params = model_params(tf32_matmul, tf32_conv)
+    out = np.zeros((len(chosen), len(batches), len(L.PHASE_NAMES)))
+    evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
+                  ops.dslope, batches, feats, params, out)
+    return SweepResult(model=graph.name, gpus=[g.id for g in chosen], batch_sizes=batches,
+                       phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen])
+
+
+def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None = None,
+            dtype=None, tf32_matmul: bool | None = None,
+            tf32_conv: bool | None = None) -> Prediction:
+    """Predicted time of one iteration of `graph` on `gpu` at `batch_size`."""
+    g = gpudb.get(gpu)
+    b = graph.check_batch(batch_size)
+    res = sweep(graph, [g.id], [b], dtype=dtype, tf32_matmul=tf32_matmul, tf32_conv=tf32_conv)
+    code = _dtype_code(dtype)
+    ops = graph.ops.with_dtype(code) if code is not None else graph.ops
+    per_op = np.zeros(len(ops))
+    evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
+                 g.features, model_params(tf32_matmul, tf32_conv), per_op)
+    fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
+    return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
+                      backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,
+                      op_us=per_op, unsupported=dict(graph.unsupported))

@@ -1,0 +1,32 @@
+"""Typed errors. Every failure a user can cause is one of these, so the CLI can
+print one line and exit 2 instead of a traceback."""
+
+
+class PredictorError(Exception):
+    """Base class: a problem with the user's input, explained in one line."""
+
+
+class UnknownModelError(PredictorError, KeyError):
+    """A zoo name or factory path that does not resolve to a model."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0] if self.args else ""
+
+
+class UnknownGPUError(PredictorError, KeyError):
+    """A GPU id that is not in the spec database."""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""
+
+
+class SpecError(PredictorError, ValueError):
+    """A GPU spec file that is missing fields or has impossible values."""
+
+
+class TraceError(PredictorError, RuntimeError):
+    """The model could not be traced (bad inputs, data-dependent control flow...)."""
+
+
+class InvalidArgumentError(PredictorError, ValueError):
+    """A bad batch size, dtype, optimizer name, etc."""

@@ -1,0 +1,526 @@
+"""The op-family registry: which aten ops run which GPU kernel family, and the
+dims each one contributes to the OpTable.
+
+In the spirit of ``torch/utils/flop_counter.py``: one small function per aten op
+(or group of ops), registered by decorator. A function receives the op's
+arguments with every tensor replaced by a :class:`T` (shape + dtype) and
+returns a list of rows ``(family, dims, kernels)``: one aten op can run several
+GPU kernels of different families (``convolution_backward`` = dgrad + wgrad +
+a bias reduction).
+
+FLOPs and bytes are *not* computed here: they are functions of the dims that
+live in the numba kernels (``predictor.kernels.work``), so that a graph traced
+once can be re-evaluated at any batch size without Python in the loop.
+
+Ops that the registry does not name are classified from their schema and tags:
+views and aliases cost nothing, ``Tag.pointwise`` ops are elementwise,
+``Tag.reduction`` ops are reductions, and anything else is *unsupported*: it
+gets a bytes-based estimate (read every input, write every output) and is
+listed on the Graph, never dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from predictor.kernels import layout as L
+
+aten = torch.ops.aten
+
+Row = tuple[int, tuple[int, ...], int]  # (family, dims, kernel launches)
+
+
+@dataclass(frozen=True)
+class T:
+    """A tensor as the registry sees it: shape and dtype, no data."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+Extractor = Callable[..., list[Row]]
+REGISTRY: dict[Any, Extractor] = {}
+
+# Ops that are free on a GPU: metadata, views, allocation without a kernel, or
+# host-side scalars. Listed explicitly where the schema alone does not say so.
+FREE_OPS = {
+    aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
+    aten.new_empty_strided, aten._unsafe_view, aten.lift_fresh_copy, aten.lift_fresh,
+    aten.sym_size, aten.sym_stride, aten.sym_numel, aten.scalar_tensor,
+    aten._local_scalar_dense, aten.detach, aten.alias, aten._assert_async,
+    aten.resize_, aten.set_, aten.sym_storage_offset,
+}
+
+
+def register(*ops: Any) -> Callable[[Extractor], Extractor]:
+    """Register an extractor for aten op packets or overloads."""
+
+    def wrap(fn: Extractor) -> Extractor:
+        for op in ops:
+            REGISTRY[op] = fn
+        return fn
+
+    return wrap
+
+
+def lookup(op: Any) -> Extractor | None:
+    """The extractor for an OpOverload: exact overload first, then its packet."""
+    fn = REGISTRY.get(op)
+    if fn is None:
+        fn = REGISTRY.get(getattr(op, "overloadpacket", None))
+    if fn is None and _is_multi_tensor(op):
+        fn = _foreach
+    return fn
+
+
+def is_free(op: Any) -> bool:
+    """Views, aliases and allocations: no kernel runs."""
+    packet = getattr(op, "overloadpacket", op)
+    if packet in FREE_OPS or op in FREE_OPS:
+        return True
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    rets = schema.returns
+    # A return that aliases an input without writing to it is a view.
+    return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+def tags(op: Any) -> set:
+    return set(getattr(op, "tags", ()))
+
+
+# ---------------------------------------------------------------- helpers ----
+
+def tensors(x: Any) -> list[T]:
+    """All T objects in a (possibly nested) argument structure."""
+    out: list[T] = []
+    if isinstance(x, T):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for item in x:
+            out.extend(tensors(item))
+    elif isinstance(x, dict):
+        for item in x.values():
+            out.extend(tensors(item))
+    return out
+
+
+def memory_row(family: int, read: int, written: int, flops: int = 0,
+               inner: int = 1, outer: int = 1, kernels: int = 1) -> Row:
+    return (family, (read, written, flops, inner, outer), kernels)
+
+
+def generic_memory(family: int, args: tuple, kwargs: dict, out: Any,
+                   flops_per_elem: int = 0, kernels: int = 1) -> list[Row]:
+    ins = tensors(args) + tensors(kwargs)
+    outs = tensors(out)
+    read = sum(t.numel for t in ins)
+    written = sum(t.numel for t in outs)
+    ref = outs[0] if outs else (ins[0] if ins else T((1,), torch.float32))
+    inner = ref.shape[-1] if ref.shape else 1
+    n = max(ref.numel, 1)
+    return [memory_row(family, read, written, flops_per_elem * n, inner, n // max(inner, 1), kernels)]
+
+
+# -------------------------------------------------------------- GEMM family --
+
+@register(aten.mm)
+def _mm(a: T, b: T, *_, out=None, **__) -> list[Row]:
+    (m, k), (_, n) = a.shape, b.shape
+    return [(L.MATMUL, (1, m, n, k), 1)]
+
+
+@register(aten.addmm)
+def _addmm(bias: T, a: T, b: T, *_, out=None, **__) -> list[Row]:
+    return _mm(a, b)
+
+
+@register(aten.bmm)
+def _bmm(a: T, b: T, *_, out=None, **__) -> list[Row]:
+    (bs, m, k), (_, _, n) = a.shape, b.shape
+    return [(L.MATMUL, (bs, m, n, k), 1)]
+
+
+@register(aten.baddbmm)
+def _baddbmm(bias: T, a: T, b: T, *_, out=None, **__) -> list[Row]:
+    return _bmm(a, b)
+
+
+# -------------------------------------------------------------- convolution --
+
+def _conv_dims(x: T, w: T, y: T, groups: int, stride: Any) -> tuple[int, ...]:
+    """Dims of a forward convolution x -> y (2-D; 1-D and 3-D fold into it)."""
+    n, c = x.shape[0], x.shape[1]
+    k = w.shape[0]
+    sp_in = x.shape[2:] or (1,)
+    sp_k = w.shape[2:] or (1,)
+    sp_out = y.shape[2:] or (1,)
+    h, wd = sp_in[0], math.prod(sp_in[1:]) if len(sp_in) > 1 else 1
+    r, s = sp_k[0], math.prod(sp_k[1:]) if len(sp_k) > 1 else 1
+    p, q = sp_out[0], math.prod(sp_out[1:]) if len(sp_out) > 1 else 1
+    st = stride[0] if isinstance(stride, (list, tuple)) and stride else (stride or 1)
+    return (n, c, h, wd, k, r, s, p, q, groups, int(st), 0)
+
+
+@register(aten.convolution, aten._convolution)
+def _convolution(x: T, w: T, bias, stride, padding, dilation, transposed, output_padding,
+                 groups, *_, out=None, **__) -> list[Row]:
+    y = out
+    if transposed:
+        # A transposed conv is the data-gradient of the conv that maps y -> x.
+        # Its weight is [C_in, C_out/g, ...]; the equivalent conv's is [C_in, ...] too.
+        w_eq = T((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
+        return [(L.CONV_DGRAD, _conv_dims(y, w_eq, x, groups, stride), 1)]
+    return [(L.CONV, _conv_dims(x, w, y, groups, stride), 1)]
+
+
+@register(aten.convolution_backward)
+def _convolution_backward(grad_out: T, x: T, w: T, bias_sizes, stride, padding, dilation,
+                          transposed, output_padding, groups, output_mask, *_, out=None,
+                          **__) -> list[Row]:
+    rows: list[Row] = []
+    if transposed:
+        w_eq = T((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
+        dims = _conv_dims(grad_out, w_eq, x, groups, stride)
+        if output_mask[0]:  # grad of a dgrad is a forward conv
+            rows.append((L.CONV, dims, 1))
+    else:
+        dims = _conv_dims(x, w, grad_out, groups, stride)
+        if output_mask[0]:
+            rows.append((L.CONV_DGRAD, dims, 1))
+    if output_mask[1]:
+        rows.append((L.CONV_WGRAD, dims, 1))
+    if len(output_mask) > 2 and output_mask[2]:
+        cout = grad_out.shape[1]
+        rows.append(memory_row(L.REDUCTION, grad_out.numel, cout, grad_out.numel,
+                               grad_out.numel // max(cout, 1), cout))
+    return rows
+
+
+# ---------------------------------------------------------------- attention --
+
+def _attention_dims(q: T, k: T, v: T, causal: bool) -> tuple[int, ...]:
+    *lead, sq, d = q.shape
+    sk, dv = k.shape[-2], v.shape[-1]
+    b = lead[0] if lead else 1
+    h = math.prod(lead[1:]) if len(lead) > 1 else 1
+    return (b, h, sq, sk, d, dv, int(bool(causal)))
+
+
+def _attention_fwd(q: T, k: T, v: T, *rest, out=None, is_causal: bool = False, **kw) -> list[Row]:
+    causal = bool(kw.get("is_causal", is_causal))
+    # Positional layout of the flash / efficient / cpu variants: (q, k, v, dropout_p, is_causal, ...)
+    if len(rest) >= 2 and isinstance(rest[1], bool):
+        causal = rest[1]
+    return [(L.ATTENTION, _attention_dims(q, k, v, causal), 1)]
+
+
+def _attention_bwd(grad: T, q: T, k: T, v: T, *rest, out=None, **kw) -> list[Row]:
+    causal = bool(kw.get("is_causal", False))
+    for item in rest:
+        if isinstance(item, bool):
+            causal = item
+            break
+    return [(L.ATTENTION_BWD, _attention_dims(q, k, v, causal), 1)]
+
+
+register(aten._scaled_dot_product_flash_attention_for_cpu,
+         aten._scaled_dot_product_flash_attention,
+         aten._scaled_dot_product_efficient_attention,
+         aten._scaled_dot_product_cudnn_attention)(_attention_fwd)
+register(aten._scaled_dot_product_flash_attention_for_cpu_backward,
+         aten._scaled_dot_product_flash_attention_backward,
+         aten._scaled_dot_product_efficient_attention_backward,
+         aten._scaled_dot_product_cudnn_attention_backward)(_attention_bwd)
+
+
+@register(aten._scaled_dot_product_attention_math)
+def _attention_math(q: T, k: T, v: T, *rest, out=None, **kw) -> list[Row]:
+    return _attention_fwd(q, k, v, *rest, out=out, **kw)
+
+
+# --------------------------------------------------------------------- LSTM --
+
+@register(aten.mkldnn_rnn_layer)
+def _mkldnn_rnn_layer(x: T, w_ih: T, w_hh: T, *_, out=None, **__) -> list[Row]:
+    # CPU trace of one LSTM layer, one direction: x [T, B, I] (or [B, T, I]),
+    # w_ih [4H, I]. On a GPU the same layer runs as a cuDNN LSTM.
+    steps, batch = x.shape[0], x.shape[1]
+    hidden = w_hh.shape[1]
+    return [(L.LSTM, (steps, batch, w_ih.shape[1], hidden), 1)]
+
+
+@register(aten.mkldnn_rnn_layer_backward)
+def _mkldnn_rnn_layer_backward(x: T, w_ih: T, w_hh: T, *_, out=None, **__) -> list[Row]:
+    steps, batch = x.shape[0], x.shape[1]
+    return [(L.LSTM_BWD, (steps, batch, w_ih.shape[1], w_hh.shape[1]), 1)]
+
+
+def _cudnn_rows(family: int, x: T, weights: list, hidden: int, num_layers: int,
+                batch_first: bool, bidirectional: bool) -> list[Row]:
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    dirs = 2 if bidirectional else 1
+    rows = []
+    for layer in range(num_layers):
+        inp = x.shape[-1] if layer == 0 else hidden * dirs
+        rows.extend([(family, (steps, batch, inp, hidden), 1)] * dirs)
+    return rows
+
+
+@register(aten._cudnn_rnn)
+def _cudnn_rnn(x, weights, stride0, weight_buf, hx, cx, mode, hidden, proj, num_layers,
+               batch_first, dropout, train, bidirectional, *_, out=None, **__) -> list[Row]:
+    return _cudnn_rows(L.LSTM, x, weights, hidden, num_layers, batch_first, bidirectional)
+
+
+@register(aten._cudnn_rnn_backward)
+def _cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, output, grad_output,
+                        grad_hy, grad_cy, mode, hidden, proj, num_layers, batch_first,
+                        dropout, train, bidirectional, *_, out=None, **__) -> list[Row]:
+    return _cudnn_rows(L.LSTM_BWD, x, weights, hidden, num_layers, batch_first, bidirectional)
+
+
+# ------------------------------------------------------ normalisation, softmax --
+
+@register(aten._softmax, aten._log_softmax)
+def _softmax(x: T, dim: int, *_, out=None, **__) -> list[Row]:
+    inner = x.shape[dim] if x.shape else 1
+    return [memory_row(L.SOFTMAX, x.numel, x.numel, 5 * x.numel, inner, x.numel // max(inner, 1))]
+
+
+@register(aten._softmax_backward_data, aten._log_softmax_backward_data)
+def _softmax_bwd(grad: T, y: T, dim: int, *_, out=None, **__) -> list[Row]:
+    inner = y.shape[dim] if y.shape else 1
+    return [memory_row(L.SOFTMAX_BWD, 2 * y.numel, y.numel, 3 * y.numel, inner,
+                       y.numel // max(inner, 1))]
+
+
+@register(aten.native_layer_norm)
+def _layer_norm(x: T, normalized_shape, w, b, *_, out=None, **__) -> list[Row]:
+    inner = math.prod(normalized_shape)
+    outer = x.numel // max(inner, 1)
+    params = 2 * inner if w is not None else 0
+    return [memory_row(L.LAYER_NORM, x.numel + params, x.numel + 2 * outer, 8 * x.numel, inner, outer)]
+
+
+@register(aten.native_layer_norm_backward)
+def _layer_norm_bwd(grad: T, x: T, normalized_shape, mean, rstd, w, b, mask, *_, out=None,
+                    **__) -> list[Row]:
+    inner = math.prod(normalized_shape)
+    outer = x.numel // max(inner, 1)
+    # CUDA: one kernel for the input gradient, one (two-stage) for gamma/beta.
+    kernels = 1 + (2 if (len(mask) > 1 and (mask[1] or mask[2])) else 0)
+    return [memory_row(L.LAYER_NORM_BWD, 3 * x.numel + 2 * outer, x.numel + 2 * inner,
+                       12 * x.numel, inner, outer, kernels)]
+
+
+@register(aten.native_group_norm)
+def _group_norm(x: T, w, b, n, c, hw, groups, *_, out=None, **__) -> list[Row]:
+    inner = x.numel // max(n * groups, 1)
+    return [memory_row(L.LAYER_NORM, 2 * x.numel, x.numel, 8 * x.numel, inner, n * groups, 2)]
+
+
+@register(aten.native_group_norm_backward)
+def _group_norm_bwd(grad: T, x: T, mean, rstd, w, n, c, hw, groups, *_, out=None, **__) -> list[Row]:
+    inner = x.numel // max(n * groups, 1)
+    return [memory_row(L.LAYER_NORM_BWD, 3 * x.numel, x.numel, 12 * x.numel, inner, n * groups, 3)]
+
+
+def _bn_rows(family: int, x: T, training: bool, reads: int, kernels: int) -> list[Row]:
+    c = x.shape[1] if len(x.shape) > 1 else 1
+    inner = x.numel // max(c, 1)
+    return [memory_row(family, reads * x.numel, x.numel, 6 * x.numel, inner, c,
+                       kernels if training else 1)]
+
+
+@register(aten.native_batch_norm, aten._native_batch_norm_legit,
+          aten._native_batch_norm_legit_functional, aten.cudnn_batch_norm)
+def _batch_norm(x: T, w, b, running_mean, running_var, *rest, out=None, **__) -> list[Row]:
+    training = bool(rest[0]) if rest and isinstance(rest[0], bool) else True
+    # Training: one pass for the statistics, one to normalise.
+    return _bn_rows(L.BATCH_NORM, x, training, 2 if training else 1, 2)
+
+
+@register(aten._native_batch_norm_legit_no_training)
+def _batch_norm_eval(x: T, *_, out=None, **__) -> list[Row]:
+    return _bn_rows(L.BATCH_NORM, x, False, 1, 1)
+
+
+@register(aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward)
+def _batch_norm_bwd(grad: T, x: T, *_, out=None, **__) -> list[Row]:
+    # Reduce (grad, x) for dgamma/dbeta, then an elementwise pass for dx.
+    return _bn_rows(L.BATCH_NORM_BWD, x, True, 4, 2)
+
+
+# ------------------------------------------------------- embedding, pooling --
+
+@register(aten.embedding)
+def _embedding(weight: T, indices: T, *_, out=None, **__) -> list[Row]:
+    d = weight.shape[-1]
+    n = indices.numel
+    return [memory_row(L.EMBEDDING, n * d + n, n * d, 0, d, n)]
+
+
+@register(aten.embedding_dense_backward)
+def _embedding_bwd(grad: T, indices: T, num_weights: int, *_, out=None, **__) -> list[Row]:
+    d = grad.shape[-1]
+    n = indices.numel
+    # CUDA: zero the weight gradient, sort indices, segment-reduce, scatter (~5 kernels).
+    return [memory_row(L.EMBEDDING_BWD, n * d + 2 * n, num_weights * d + n * d // 4, n * d, d, n, 5)]
+
+
+def _pool(family: int) -> Extractor:
+    def extract(*args, out=None, **kwargs) -> list[Row]:
+        ins = tensors(args)
+        outs = tensors(out)
+        read = sum(t.numel for t in ins)
+        written = sum(t.numel for t in outs)
+        ref = ins[0]
+        c = ref.shape[1] if len(ref.shape) > 1 else 1
+        window = max(read // max(written, 1), 1)
+        return [memory_row(family, read, written, read, window, c)]
+
+    return extract
+
+
+register(aten.max_pool2d_with_indices, aten.avg_pool2d, aten._adaptive_avg_pool2d,
+         aten.max_pool3d_with_indices, aten.avg_pool3d, aten._adaptive_avg_pool3d,
+         aten.adaptive_max_pool2d, aten.max_pool1d, aten.avg_pool1d)(_pool(L.POOL))
+register(aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
+         aten._adaptive_avg_pool2d_backward, aten.max_pool3d_with_indices_backward,
+         aten.avg_pool3d_backward, aten._adaptive_avg_pool3d_backward,
+         aten.adaptive_max_pool2d_backward)(_pool(L.POOL_BWD))
+
+
+# ---------------------------------------------------------- dropout, losses --
+
+@register(aten.native_dropout)
+def _native_dropout(x: T, p, train, *_, out=None, **__) -> list[Row]:
+    # Fused on CUDA: read x, write the output and a bool mask.
+    return [memory_row(L.DROPOUT, x.numel, 2 * x.numel, 4 * x.numel, x.shape[-1] if x.shape else 1, 1)]
+
+
+@register(aten.bernoulli_, aten.bernoulli, aten.rand, aten.rand_like, aten.randn, aten.randn_like,
+          aten.uniform_, aten.normal_)
+def _rng(*args, out=None, **kwargs) -> list[Row]:
+    outs = tensors(out) or tensors(args[:1])
+    n = sum(t.numel for t in outs)
+    return [memory_row(L.DROPOUT, 0, n, 4 * n, 1, n)]
+
+
+def _loss(*args, out=None, **kwargs) -> list[Row]:
+    return generic_memory(L.LOSS, args, kwargs, out, flops_per_elem=2)
+
+
+register(aten.nll_loss_forward, aten.nll_loss_backward, aten.nll_loss2d_forward,
+         aten.nll_loss2d_backward, aten.binary_cross_entropy_with_logits,
+         aten.binary_cross_entropy, aten.binary_cross_entropy_backward, aten.mse_loss,
+         aten.mse_loss_backward, aten.smooth_l1_loss, aten.smooth_l1_loss_backward,
+         aten.huber_loss, aten.huber_loss_backward)(_loss)
+
+
+# ---------------------------------------------------------------- optimizer --
+
+# multi_tensor_apply launches one kernel per chunk of at most this many tensors,
+# by the number of tensor lists the op touches (PyTorch's depth_to_max_tensors).
+_MAX_TENSORS_BY_DEPTH = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
+_MTA_ELEMS_PER_LAUNCH = 65536 * 320  # chunk size x max blocks per launch
+
+
+def _foreach(*args, out=None, **kwargs) -> list[Row]:
+    lists = [a for a in list(args) + list(kwargs.values())
+             if isinstance(a, (list, tuple)) and a and isinstance(a[0], T)]
+    if not lists:
+        return generic_memory(L.OPTIMIZER, args, kwargs, out)
+    n_tensors = len(lists[0])
+    read = sum(t.numel for lst in lists for t in lst)
+    outs = tensors(out)
+    # In-place variants write the first list; out-of-place ones return new tensors.
+    written = sum(t.numel for t in outs) if outs else sum(t.numel for t in lists[0])
+    depth = min(len(lists) + (1 if outs else 0), 5)
+    per_launch = _MAX_TENSORS_BY_DEPTH[max(depth, 1)]
+    total = sum(t.numel for t in lists[0])
+    kernels = max(math.ceil(n_tensors / per_launch), math.ceil(total / _MTA_ELEMS_PER_LAUNCH), 1)
+    return [memory_row(L.OPTIMIZER, read, written, read, 1, n_tensors, kernels)]
+
+
+def _is_multi_tensor(op: Any) -> bool:
+    name = getattr(getattr(op, "overloadpacket", op), "__name__", "")
+    return name.startswith("_foreach_") or name.startswith("_fused_")
+
+
+# ------------------------------------------------------ copies, fills, misc --
+
+def _copy(*args, out=None, **kwargs) -> list[Row]:
+    return generic_memory(L.COPY, args, kwargs, out)
+
+
+register(aten.cat, aten.stack, aten._to_copy, aten.copy_, aten.copy, aten.index_select,
+         aten.gather, aten.index, aten.scatter, aten.scatter_add, aten.index_put,
+         aten.index_put_, aten.masked_scatter, aten.constant_pad_nd, aten.reflection_pad2d,
+         aten.upsample_nearest2d, aten.upsample_bilinear2d, aten.slice_scatter,
+         aten.select_scatter, aten.roll, aten.flip, aten.repeat, aten.tril, aten.triu,
+         aten.index_add, aten.narrow_copy, aten.slice_backward, aten.select_backward,
+         aten.embedding_renorm_, aten.col2im, aten.im2col)(_copy)
+
+
+@register(aten.clone, aten.contiguous)
+def _clone(x: T, *_, out=None, **__) -> list[Row]:
+    return [memory_row(L.COPY, x.numel, x.numel, 0, x.shape[-1] if x.shape else 1, 1)]
+
+
+@register(aten.zeros, aten.ones, aten.full, aten.zeros_like, aten.ones_like, aten.full_like,
+          aten.new_zeros, aten.new_ones, aten.new_full, aten.fill_, aten.zero_, aten.fill,
+          aten.arange, aten.linspace)
+def _fill(*args, out=None, **kwargs) -> list[Row]:
+    outs = tensors(out) or tensors(args[:1])
+    n = sum(t.numel for t in outs)
+    return [memory_row(L.FILL, 0, n, 0, 1, n)]
+
+
+# Relative arithmetic cost of elementwise ops (FLOPs per output element). The
+# learned models use the op identity; the roofline only needs an order of size.
+_TRANSCENDENTAL = {"gelu", "gelu_backward", "tanh", "tanh_backward", "sigmoid",
+                   "sigmoid_backward", "exp", "log", "erf", "pow", "silu", "silu_backward",
+                   "softplus", "mish", "sin", "cos", "rsqrt", "sqrt", "elu"}
+
+
+def elementwise(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
+    name = op.__name__.split(".")[0].rstrip("_")
+    fpe = 8 if name in _TRANSCENDENTAL else 1
+    return generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
+
+
+def reduction(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
+    ins = tensors(args)
+    outs = tensors(out)
+    read = sum(t.numel for t in ins)
+    written = max(sum(t.numel for t in outs), 1)
+    inner = max(ins[0].numel // written, 1) if ins else 1
+    return [memory_row(L.REDUCTION, read, written, read, inner, written)]
+
+
+def unsupported(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
+    return generic_memory(L.UNSUPPORTED, args, kwargs, out)
+
+
+def extract(op: Any, args: tuple, kwargs: dict, out: Any) -> tuple[list[Row], bool]:
+    """Rows for one aten op call; the flag says the op was not recognised."""
+    fn = lookup(op)
+    if fn is not None:
+        return fn(*args, out=out, **kwargs), False
+    op_tags = tags(op)
+    if torch.Tag.pointwise in op_tags:
+        return elementwise(op, args, kwargs, out), False
+    if torch.Tag.reduction in op_tags:
+        return reduction(op, args, kwargs, out), False
+    return unsupported(op, args, kwargs, out), True

@@ -1,0 +1,281 @@
+"""The torch.fx frontend: trace one whole training step at aten level.
+
+``make_fx`` records forward, loss, backward (``torch.autograd.grad``) and the
+optimizer's foreach kernels as one aten graph. Everything runs under a
+``FakeTensorMode`` on fake *CPU* tensors: no parameter memory, no compute, so a
+model far larger than this machine's RAM traces in seconds (a CPU-only torch
+cannot fake CUDA through autograd). Lowering maps CPU-only aten ops (mkldnn
+LSTM, CPU flash attention) onto the kernel families a GPU runs.
+
+The step is traced at a sentinel batch size (``SENTINEL_BATCH``) so that the
+lowering can tell which dims scale with the batch; fake tensors make the size
+free.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+from predictor.errors import InvalidArgumentError, PredictorError, TraceError
+from predictor.frontend import optimizers
+from predictor.lowering import lower
+from predictor.optable import Graph
+
+# A prime that no model dimension is a multiple of (see predictor.lowering).
+SENTINEL_BATCH = 1009
+
+MODES = ("train", "inference")
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """`.loss` when the model computes one, else the mean of the first tensor."""
+    loss = getattr(output, "loss", None)
+    if isinstance(output, dict):
+        loss = output.get("loss", loss)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    first = _first_tensor(output)
+    if first is None:
+        raise TraceError("the model returned no tensor to build a loss from; pass loss_fn=")
+    return first.float().mean() if first.dtype.is_floating_point else first.sum().float()
+
+
+def _first_tensor(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, dict) or hasattr(x, "values") and callable(x.values):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            t = _first_tensor(item)
+            if t is not None:
+                return t
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = " ".join(str(exc).split())
+    if len(msg) > 300:
+        msg = msg[:297] + "..."
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+class _Spec:
+    """What to trace: a module builder, an inputs builder, a loss, a name."""
+
+    def __init__(self, name: str, build: Callable[[], Any], inputs: Callable[[int], Any],
+                 loss_fn: Callable | None, batch_size: int, seq_len: int | None,
+                 build_inference: Callable[[], Any] | None = None):
+        self.name, self.build, self.inputs, self.loss_fn = name, build, inputs, loss_fn
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.build_inference = build_inference
+
+
+def _check_positive(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidArgumentError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _resize_batch(x: Any, batch: int, batch_dim: int | None) -> Any:
+    """A fake copy of the example inputs with the batch dim set to `batch`."""
+    if isinstance(x, torch.Tensor):
+        shape = list(x.shape)
+        if batch_dim is not None and len(shape) > batch_dim:
+            shape[batch_dim] = batch
+        return torch.zeros(shape, dtype=x.dtype)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_resize_batch(i, batch, batch_dim) for i in x)
+    if isinstance(x, dict):
+        return {k: _resize_batch(v, batch, batch_dim) for k, v in x.items()}
+    return x
+
+
+def _batch_of(x: Any, batch_dim: int | None) -> int | None:
+    t = _first_tensor(x) if not isinstance(x, dict) else _first_tensor(list(x.values()))
+    if t is None or batch_dim is None or t.dim() <= batch_dim:
+        return None
+    return int(t.shape[batch_dim])
+
+
+def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_dim: int | None,
+              batch_size: int | None, seq_len: int | None, name: str | None) -> _Spec:
+    from predictor import zoo
+
+    if isinstance(model, str):
+        if model.lower().endswith(".onnx"):
+            raise InvalidArgumentError(
+                f"{model}: ONNX files are not supported by this version of the fx frontend")
+        entry = zoo.resolve(model)
+        b = batch_size if batch_size is not None else entry.default_batch_size
+        s = seq_len if seq_len is not None else entry.default_seq_len
+        # Validate the sequence length up front (make_inputs checks limits).
+        entry.make_inputs(1, s) if s is not None else None
+        return _Spec(name or entry.name, entry.build, lambda n: entry.make_inputs(n, s),
+                     loss_fn or entry.loss_fn, b, s, entry.inference_fn)
+    if isinstance(model, torch.nn.Module):
+        module = model
+        build = lambda: module  # noqa: E731
+    elif callable(model):
+        build = model
+    else:
+        raise InvalidArgumentError(
+            f"model must be an nn.Module, a zero-argument factory or a zoo name, got {type(model).__name__}")
+    if example_inputs is None and not isinstance(model, torch.nn.Module):
+        # A factory returning (model, example_inputs): learn the inputs from one fake call.
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                built = model()
+        except Exception as exc:  # noqa: BLE001 — user code
+            raise TraceError(f"the model factory raised {_one_line(exc)}") from exc
+        if isinstance(built, tuple) and len(built) == 2:
+            example_inputs = built[1]
+            build = lambda: model()[0]  # noqa: E731
+    if example_inputs is None:
+        raise InvalidArgumentError(
+            "example_inputs is required for a model object (a tuple of tensors)")
+    if callable(example_inputs):
+        make = example_inputs
+        b = batch_size or 1
+    else:
+        if isinstance(example_inputs, torch.Tensor):
+            example_inputs = (example_inputs,)
+        given = _batch_of(example_inputs, 0 if batch_dim is None else batch_dim)
+        b = batch_size or given or 1
+        shapes = example_inputs
+        make = lambda n: _resize_batch(shapes, n, batch_dim)  # noqa: E731
+    return _Spec(name or type(model).__name__, build, make, loss_fn, b, seq_len)
+
+
+def _fake_params(module: torch.nn.Module) -> tuple[dict, dict]:
+    """Fake CPU stand-ins for every parameter and buffer (meta, CUDA or real)."""
+    params, buffers = {}, {}
+    for k, p in module.named_parameters():
+        params[k] = torch.empty(p.shape, dtype=p.dtype).requires_grad_(p.requires_grad)
+    for k, b in module.named_buffers():
+        buffers[k] = torch.empty(b.shape, dtype=b.dtype)
+    return params, buffers
+
+
+def _call(module: torch.nn.Module, state: dict, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return functional_call(module, state, (), inputs)
+    if not isinstance(inputs, (list, tuple)):
+        inputs = (inputs,)
+    return functional_call(module, state, tuple(inputs))
+
+
+def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int):
+    """Trace the step at `batch`; returns (GraphModule, phase marks, counts)."""
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        if mode == "inference" and spec.build_inference is not None:
+            module = spec.build_inference()
+        else:
+            built = spec.build()
+            module = built[0] if isinstance(built, tuple) else built
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidArgumentError(
+                f"{spec.name}: the factory returned {type(module).__name__}, not an nn.Module")
+        params, buffers = _fake_params(module)
+        inputs = spec.inputs(batch)
+        trainable = [k for k, p in params.items() if p.requires_grad]
+        opt_state = optimizers.state_for(optimizer, [params[k] for k in trainable])
+    was_training = module.training
+    module.train(mode == "train")
+    marks: list[int] = []
+    loss_fn = spec.loss_fn or default_loss
+
+    def mark() -> None:
+        proxy = get_proxy_mode()
+        marks.append(len(proxy.tracer.graph.nodes) if proxy is not None else 0)
+
+    def train_step(params, buffers, opt_state, inputs):
+        out = _call(module, {**params, **buffers}, inputs)
+        loss = loss_fn(out)
+        mark()
+        wrt = [params[k] for k in trainable]
+        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        mark()
+        used = [(p, g) for p, g in zip(wrt, grads) if g is not None]
+        with torch.no_grad():
+            optimizers.step(optimizer, [p for p, _ in used], [g for _, g in used],
+                            [[s[i] for i, (_, g) in enumerate(zip(wrt, grads)) if g is not None]
+                             for s in opt_state])
+        return loss
+
+    def inference_step(params, buffers, opt_state, inputs):
+        with torch.no_grad():
+            return _call(module, {**params, **buffers}, inputs)
+
+    step = train_step if mode == "train" else inference_step
+    try:
+        with fake:
+            gm = make_fx(step, tracing_mode="real")(params, buffers, opt_state, inputs)
+    finally:
+        module.train(was_training)
+    n_params = sum(p.numel() for p in params.values())
+    n_train = sum(params[k].numel() for k in trainable) if mode == "train" else 0
+    n_bytes = sum(p.numel() * p.element_size() for p in params.values())
+    return gm, tuple(marks), (n_params, n_train, n_bytes)
+
+
+def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = None,
+          optimizer: str | None = "adam", mode: str = "train", batch_dim: int | None = 0,
+          batch_size: int | None = None, seq_len: int | None = None,
+          name: str | None = None) -> Graph:
+    """Trace one training iteration (or an inference forward) into a Graph.
+
+    model: an ``nn.Module`` (any device, ``meta`` included), a zero-argument
+        factory returning one (or ``(model, inputs)``), or a zoo name /
+        ``file.py:factory`` spec.
+    example_inputs: a tuple of tensors (only shapes and dtypes are used), a
+        dict of keyword inputs, or a callable ``batch_size -> inputs``.
+    loss_fn: ``output -> scalar``; default ``.loss`` or the mean of the first tensor.
+    optimizer: "adam", "adamw", "sgd" or None (no optimizer step).
+    mode: "train" (forward + loss + backward + optimizer) or "inference" (no-grad forward).
+    batch_dim: the input dim that is the batch (None: nothing scales with it).
+    """
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
+    optimizer = optimizers.check(optimizer) if mode == "train" else None
+    if batch_size is not None:
+        _check_positive(batch_size, "batch size")
+    if seq_len is not None:
+        _check_positive(seq_len, "sequence length")
+    spec = _spec_for(model, example_inputs, loss_fn, batch_dim, batch_size, seq_len, name)
+    _check_positive(spec.batch_size, "batch size")
+    start = time.perf_counter()
+    sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
+    try:
+        try:
+            gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size)
+        except PredictorError:
+            raise
+        except Exception:
+            if sentinel is None:
+                raise
+            # Some models only accept particular batch sizes: trace at the
+            # requested one; the graph is then valid at that batch only.
+            sentinel = None
+            gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size)
+    except PredictorError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — any failure inside user code
+        raise TraceError(
+            f"could not trace {spec.name}: {_one_line(exc)} (check the example inputs' shapes; "
+            "data-dependent control flow cannot be traced)") from exc
+    lowered = lower(gm, marks, sentinel, spec.batch_size)
+    return Graph(
+        name=spec.name, ops=lowered.table, batch_size=spec.batch_size, mode=mode,
+        optimizer=optimizer, seq_len=spec.seq_len, parameters=counts[0],
+        trainable_parameters=counts[1], parameter_bytes=counts[2],
+        unsupported=lowered.unsupported,
+        batch_scalable=lowered.batch_scalable and sentinel is not None,
+        trace_seconds=time.perf_counter() - start, torch_version=torch.__version__)

@@ -1,0 +1,223 @@
+"""The GPU database: load ``specs/gpus.toml`` (and user spec files), resolve
+names and aliases, and hand the engine a feature matrix (one row per GPU,
+columns in ``predictor.kernels.layout``)."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from predictor.errors import SpecError, UnknownGPUError
+from predictor.kernels import layout as L
+
+# Fields every GPU needs for a prediction, with the feature column they fill.
+REQUIRED = {
+    "sms": L.G_SMS,
+    "boost_clock_mhz": L.G_CLOCK_MHZ,
+    "memory_bw_gbs": L.G_MEM_BW_GBS,
+    "memory_gb": L.G_MEMORY_GB,
+    "fp32_tflops": L.G_FP32_TFLOPS,
+}
+# Optional fields and the value used when a spec leaves them out.
+OPTIONAL = {
+    "l2_mb": (L.G_L2_MB, 4.0),
+    "tf32_tflops": (L.G_TF32_TFLOPS, None),   # None: same as fp32
+    "fp16_tflops": (L.G_FP16_TFLOPS, None),
+    "bf16_tflops": (L.G_BF16_TFLOPS, None),
+    "fp64_tflops": (L.G_FP64_TFLOPS, None),
+    "fp8_tflops": (L.G_FP8_TFLOPS, None),
+    "max_threads_per_sm": (L.G_MAX_THREADS_SM, 2048),
+    "max_blocks_per_sm": (L.G_MAX_BLOCKS_SM, 32),
+    "registers_per_sm": (L.G_REGS_SM, 65536),
+    "shared_mem_per_sm_kb": (L.G_SMEM_SM_KB, 96),
+}
+
+# The GPUs `predictor predict` shows when none are named.
+DEFAULT_GPUS = ("T4", "L4", "A10G", "V100-SXM2-32GB", "A100-SXM4-80GB", "H100-SXM5-80GB",
+                "H200-SXM-141GB")
+
+
+@dataclass(frozen=True)
+class GPU:
+    id: str
+    name: str
+    vendor: str
+    features: np.ndarray = field(repr=False, compare=False)
+    spec: dict = field(repr=False, compare=False)
+
+    @property
+    def memory_gb(self) -> float:
+        return float(self.features[L.G_MEMORY_GB])
+
+    @property
+    def price_per_hour(self) -> float | None:
+        p = self.spec.get("price_usd_per_hour")
+        return float(p) if p is not None else None
+
+    def __getitem__(self, key: str) -> Any:
+        return self.spec[key]
+
+
+def _normalise(name: str) -> str:
+    """Case- and punctuation-insensitive key: 'Tesla V100-PCIE-32GB' == 'tesla v100 pcie 32gb'."""
+    return re.sub(r"[\s_\-]+", "", str(name).strip().lower())
+
+
+def _number(spec: dict, key: str, where: str) -> float:
+    value = spec[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise SpecError(f"{where}: field '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _gpu_from_spec(spec: dict, where: str) -> GPU:
+    if not isinstance(spec, dict):
+        raise SpecError(f"{where}: each [[gpu]] entry must be a table")
+    gid = spec.get("id")
+    if not isinstance(gid, str) or not gid.strip():
+        raise SpecError(f"{where}: a [[gpu]] entry has no 'id'")
+    where = f"{where} [{gid}]"
+    missing = [k for k in REQUIRED if k not in spec]
+    if missing:
+        raise SpecError(f"{where}: missing required field(s) {', '.join(missing)}")
+    f = np.zeros(L.N_GPU_FEATURES)
+    for key, col in REQUIRED.items():
+        f[col] = _number(spec, key, where)
+    for key, (col, default) in OPTIONAL.items():
+        if key in spec:
+            f[col] = _number(spec, key, where)
+        elif default is not None:
+            f[col] = default
+        else:
+            f[col] = f[L.G_FP32_TFLOPS]
+    if "fp64_tflops" not in spec:
+        f[L.G_FP64_TFLOPS] = f[L.G_FP32_TFLOPS] / 32
+    return GPU(id=gid, name=str(spec.get("name", gid)), vendor=str(spec.get("vendor", "nvidia")),
+               features=f, spec=dict(spec))
+
+
+def _parse(text: str, where: str) -> list[GPU]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{where}: not a valid TOML spec file ({exc})") from exc
+    entries = data.get("gpu")
+    if not isinstance(entries, list) or not entries:
+        raise SpecError(f"{where}: no [[gpu]] tables found")
+    return [_gpu_from_spec(e, where) for e in entries]
+
+
+class GPUDatabase:
+    """GPUs by id, with alias lookup and close-name suggestions."""
+
+    def __init__(self, gpus: Iterable[GPU]):
+        self._gpus: dict[str, GPU] = {}
+        self._index: dict[str, str] = {}
+        for gpu in gpus:
+            self.add(gpu)
+
+    def add(self, gpu: GPU) -> None:
+        """Add (or replace, for a user spec with the same id) one GPU."""
+        old = self._gpus.get(gpu.id)
+        if old is not None:
+            self._index = {k: v for k, v in self._index.items() if v != old.id}
+        self._gpus[gpu.id] = gpu
+        for name in [gpu.id, gpu.name, *gpu.spec.get("aliases", [])]:
+            self._index[_normalise(name)] = gpu.id
+
+    def ids(self) -> list[str]:
+        return list(self._gpus)
+
+    def __iter__(self):
+        return iter(self._gpus.values())
+
+    def __len__(self) -> int:
+        return len(self._gpus)
+
+    def get(self, name: str | GPU) -> GPU:
+        if isinstance(name, GPU):
+            return name
+        gid = self._index.get(_normalise(name))
+        if gid is None:
+            close = difflib.get_close_matches(_normalise(name), list(self._index), n=8, cutoff=0.4)
+            ids = list(dict.fromkeys(self._index[c] for c in close))[:5]
+            hint = f"; did you mean {', '.join(ids)}?" if ids else ""
+            raise UnknownGPUError(
+                f"unknown GPU {name!r}{hint} (`predictor gpus` lists all {len(self)})")
+        return self._gpus[gid]
+
+    def resolve(self, names: str | Iterable[str] | None) -> list[GPU]:
+        """'all', a comma-separated string, or a list -> GPUs (default set for None)."""
+        if names is None:
+            return [self._gpus[g] for g in DEFAULT_GPUS if g in self._gpus]
+        if isinstance(names, str):
+            if names.strip().lower() == "all":
+                return list(self._gpus.values())
+            names = [n for n in names.split(",") if n.strip()]
+        out = [self.get(n.strip() if isinstance(n, str) else n) for n in names]
+        if not out:
+            raise UnknownGPUError("no GPU named; give ids such as H100-SXM5-80GB or 'all'")
+        return list(dict.fromkeys(out))
+
+    def features(self, gpus: list[GPU]) -> np.ndarray:
+        return np.ascontiguousarray(np.stack([g.features for g in gpus]))
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin() -> tuple[GPU, ...]:
+    text = resources.files("predictor.specs").joinpath("gpus.toml").read_text(encoding="utf-8")
+    return tuple(_parse(text, "predictor/specs/gpus.toml"))
+
+
+_user_gpus: list[GPU] = []
+
+
+def database() -> GPUDatabase:
+    """The built-in GPUs plus any loaded with :func:`load_specs`."""
+    return GPUDatabase([*_builtin(), *_user_gpus])
+
+
+def load_specs(path: str | Path) -> list[GPU]:
+    """Add the GPUs of a user spec file (same TOML layout as the built-in one)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{p}: cannot read spec file ({exc.__class__.__name__}: {exc})") from exc
+    gpus = _parse(text, str(p))
+    _user_gpus.extend(gpus)
+    return gpus
+
+
+def get(name: str | GPU) -> GPU:
+    return database().get(name)
+
+
+def gpus(vendor: str | None = None):
+    """All known GPUs as a pandas DataFrame (one row per GPU)."""
+    import pandas as pd
+
+    rows = []
+    for g in database():
+        if vendor and g.vendor != vendor:
+            continue
+        s = g.spec
+        rows.append({
+            "id": g.id, "name": g.name, "vendor": g.vendor,
+            "architecture": s.get("architecture"), "sms": s.get("sms"),
+            "memory_gb": s.get("memory_gb"), "memory_bw_gbs": s.get("memory_bw_gbs"),
+            "fp32_tflops": s.get("fp32_tflops"), "tf32_tflops": s.get("tf32_tflops"),
+            "fp16_tflops": s.get("fp16_tflops"), "bf16_tflops": s.get("bf16_tflops"),
+            "price_usd_per_hour": s.get("price_usd_per_hour"),
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,206 @@
+"""Lowering: an aten-level FX graph -> an OpTable.
+
+Each call node is mapped through the op-family registry (``families``) to rows
+of dims. The trace ran at a *sentinel* batch size (a prime no model dimension
+is a multiple of), so a tensor dim divisible by it carries the batch:
+``d = k * sentinel`` means ``k * b`` at batch ``b``. Each distinct op is
+extracted at b = 1 and b = 2 to get its dims as ``base + slope * b``, and checked
+at the sentinel itself; a dim that is not affine in the batch (rare: an op whose
+size is quadratic in it) is frozen at the requested batch size and the graph
+is marked as not rescalable.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx
+
+from predictor import families
+from predictor.families import T
+from predictor.kernels import layout as L
+from predictor.optable import OpTable
+
+_DTYPES = {
+    torch.float32: L.F32, torch.float16: L.F16, torch.bfloat16: L.BF16, torch.float64: L.F64,
+    torch.int64: L.I64, torch.int32: L.I32, torch.int8: L.I8, torch.uint8: L.I8,
+    torch.bool: L.BOOL,
+}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = L.F8
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.get(dtype, L.F32)
+
+
+@dataclass
+class Lowered:
+    table: OpTable
+    unsupported: dict[str, int] = field(default_factory=dict)
+    batch_scalable: bool = True
+
+
+class _Scaler:
+    """Maps shapes traced at the sentinel batch to shapes at another batch."""
+
+    def __init__(self, sentinel: int | None, batch: int):
+        self.sentinel = sentinel
+        self.batch = batch
+
+    def dim(self, d: int) -> int:
+        s = self.sentinel
+        if s is None or d == 0 or d % s:
+            return d
+        return d // s * self.batch
+
+    def convert(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return T(tuple(self.dim(int(d)) for d in x.shape), x.dtype)
+        if isinstance(x, bool):
+            return x
+        if isinstance(x, int):
+            return self.dim(x)
+        if isinstance(x, torch.SymInt):
+            return self.dim(int(x))
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.convert(i) for i in x) if isinstance(x, list) else tuple(
+                self.convert(i) for i in x)
+        if isinstance(x, torch.fx.Node):
+            return self.convert(x.meta.get("val"))
+        return x
+
+
+def _key(x: Any) -> Any:
+    """A hashable identity of an argument structure (shapes, dtypes, scalars)."""
+    if isinstance(x, torch.fx.Node):
+        return _key(x.meta.get("val"))
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(int(d) for d in x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_key(i) for i in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _key(v)) for k, v in x.items()))
+    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device,
+                      torch.layout, torch.memory_format)):
+        return x
+    if isinstance(x, torch.SymInt):
+        return int(x)
+    return repr(x)
+
+
+def _rows_at(op, node: torch.fx.Node, scaler: _Scaler):
+    args = scaler.convert(tuple(node.args))
+    kwargs = {k: scaler.convert(v) for k, v in node.kwargs.items()}
+    out = scaler.convert(node.meta.get("val"))
+    return families.extract(op, args, kwargs, out)
+
+
+def _row_dtype(node: torch.fx.Node) -> int:
+    """The compute dtype of an op: its first floating tensor argument or output."""
+    cands: list[torch.Tensor] = []
+
+    def collect(x):
+        if isinstance(x, torch.fx.Node):
+            collect(x.meta.get("val"))
+        elif isinstance(x, torch.Tensor):
+            cands.append(x)
+        elif isinstance(x, (list, tuple)):
+            for i in x:
+                collect(i)
+
+    collect(node.args)
+    collect(node.meta.get("val"))
+    for t in cands:
+        if t.dtype.is_floating_point:
+            return dtype_code(t.dtype)
+    return dtype_code(cands[0].dtype) if cands else L.F32
+
+
+def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int | None,
+          batch: int) -> Lowered:
+    """Lower a traced step. `phase_marks` are node indices where backward and the
+    optimizer start; `sentinel` is the batch size the trace ran at (None: the
+    trace ran at `batch` itself and nothing is rescaled)."""
+    at = (_Scaler(sentinel, 1), _Scaler(sentinel, 2), _Scaler(sentinel, batch))
+    at_sentinel = _Scaler(None, 0)
+    cache: dict[Any, tuple] = {}
+    rows: dict[tuple, int] = {}
+    op_names: list[str] = []
+    op_index: dict[str, int] = {}
+    unsupported: dict[str, int] = {}
+    scalable = True
+
+    for idx, node in enumerate(gm.graph.nodes):
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        op = node.target
+        if not isinstance(op, torch._ops.OpOverload):
+            continue
+        if families.lookup(op) is None and families.is_free(op):
+            continue
+        phase = L.FORWARD
+        for i, mark in enumerate(phase_marks):
+            if idx >= mark:
+                phase = i + 1
+        key = (op, _key(node.args), _key(node.kwargs), _key(node.meta.get("val")))
+        hit = cache.get(key)
+        if hit is None:
+            hit = _extract(op, node, at, at_sentinel, sentinel)
+            cache[key] = hit
+        extracted, is_unsupported, affine = hit
+        scalable &= affine
+        name = str(op.overloadpacket.__name__)
+        if is_unsupported:
+            unsupported[name] = unsupported.get(name, 0) + 1
+        if name not in op_index:
+            op_index[name] = len(op_names)
+            op_names.append(name)
+        dt = _row_dtype(node)
+        for fam, base, slope, kern in extracted:
+            row_key = (fam, phase, dt, kern, base, slope, op_index[name])
+            rows[row_key] = rows.get(row_key, 0) + 1
+
+    n = len(rows)
+    table = OpTable(
+        family=np.empty(n, np.int64), phase=np.empty(n, np.int64), dtype=np.empty(n, np.int64),
+        count=np.empty(n, np.int64), kernels=np.empty(n, np.int64),
+        dbase=np.zeros((n, L.MAX_DIMS), np.int64), dslope=np.zeros((n, L.MAX_DIMS), np.int64),
+        op=np.empty(n, np.int64), op_names=op_names)
+    for i, ((fam, phase, dt, kern, base, slope, opi), cnt) in enumerate(rows.items()):
+        table.family[i], table.phase[i], table.dtype[i] = fam, phase, dt
+        table.kernels[i], table.op[i], table.count[i] = kern, opi, cnt
+        table.dbase[i, :len(base)] = base
+        table.dslope[i, :len(slope)] = slope
+    return Lowered(table, unsupported, scalable)
+
+
+def _extract(op, node, at: tuple[_Scaler, _Scaler, _Scaler], at_sentinel: _Scaler,
+             sentinel: int | None):
+    """Rows of one distinct op as (family, base dims, slope dims, kernels);
+    `at` converts shapes to batch 1, batch 2 and the requested batch."""
+    if sentinel is None:
+        rows, unsupported = _rows_at(op, node, at_sentinel)
+        return [(f, tuple(d), (0,) * len(d), k) for f, d, k in rows], unsupported, True
+    r1, unsupported = _rows_at(op, node, at[0])
+    r2, _ = _rows_at(op, node, at[1])
+    rs, _ = _rows_at(op, node, at_sentinel)
+    out = []
+    affine = len(r1) == len(r2) == len(rs)
+    if affine:
+        for (f1, d1, k1), (f2, d2, k2), (fs, ds, ks) in zip(r1, r2, rs):
+            slope = tuple(b - a for a, b in zip(d1, d2))
+            base = tuple(a - s for a, s in zip(d1, slope))
+            if f1 != f2 or f1 != fs or any(b + s * sentinel != x for b, s, x in zip(base, slope, ds)):
+                affine = False
+                break
+            out.append((f1, base, slope, max(k1, k2)))
+    if not affine:
+        rb, _ = _rows_at(op, node, at[2])
+        out = [(f, tuple(d), (0,) * len(d), k) for f, d, k in rb]
+    return out, unsupported, affine

@@ -1,0 +1,139 @@
+"""Results: a single prediction and a sweep over configurations, both easy to
+turn into pandas, JSON or a table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from predictor.kernels import layout as L
+
+
+@dataclass
+class Prediction:
+    model: str
+    gpu: str
+    batch_size: int
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    graph: Any = field(repr=False, default=None)
+    op_table: Any = field(repr=False, default=None)
+    op_us: np.ndarray | None = field(repr=False, default=None)
+    unsupported: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.forward_ms + self.backward_ms + self.optimizer_ms
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.batch_size / (self.iteration_ms / 1e3)
+
+    @property
+    def ops(self):
+        """Per-op breakdown as a DataFrame, slowest first: one row per distinct
+        op with its family, aten op, dims at this batch size, count, time."""
+        import pandas as pd
+
+        t = self.op_table
+        dims = t.dims(self.batch_size)
+        total_ms = self.op_us * t.count * 1e-3
+        basis = L.BASIS_NAMES[L.BASIS_ANALYTICAL]
+        df = pd.DataFrame({
+            "family": [L.FAMILY_NAMES[f] for f in t.family],
+            "op": [t.op_names[i] for i in t.op],
+            "phase": [L.PHASE_NAMES[p] for p in t.phase],
+            "dtype": [L.DTYPE_NAMES[d] for d in t.dtype],
+            "dims": [tuple(int(x) for x in np.trim_zeros(row, "b")) for row in dims],
+            "count": t.count,
+            "kernels": t.kernels * t.count,
+            "ms_each": self.op_us * 1e-3,
+            "ms": total_ms,
+            "share": total_ms / max(total_ms.sum(), 1e-30),
+            "basis": basis,
+        })
+        return df.sort_values("ms", ascending=False, ignore_index=True)
+
+    def by_family(self):
+        df = self.ops
+        return (df.groupby("family")[["ms", "count", "kernels"]].sum()
+                .sort_values("ms", ascending=False))
+
+    def to_dict(self) -> dict:
+        return {
+            "gpu": self.gpu,
+            "batch_size": self.batch_size,
+            "iteration_ms": self.iteration_ms,
+            "forward_ms": self.forward_ms,
+            "backward_ms": self.backward_ms,
+            "optimizer_ms": self.optimizer_ms,
+            "throughput": self.throughput,
+        }
+
+    def __repr__(self) -> str:
+        return (f"Prediction({self.model} on {self.gpu}, batch {self.batch_size}: "
+                f"{self.iteration_ms:.2f} ms/iter = fwd {self.forward_ms:.2f} + bwd "
+                f"{self.backward_ms:.2f} + opt {self.optimizer_ms:.2f}; "
+                f"{self.throughput:.1f} samples/s)")
+
+
+@dataclass
+class SweepResult:
+    """Times for every (GPU, batch size); arrays are indexed [gpu, batch]."""
+
+    model: str
+    gpus: list[str]
+    batch_sizes: np.ndarray
+    phase_ms: np.ndarray  # [gpu, batch, phase]
+    mode: str = "train"
+    prices: list[float | None] = field(default_factory=list)
+
+    @property
+    def forward_ms(self) -> np.ndarray:
+        return self.phase_ms[:, :, L.FORWARD]
+
+    @property
+    def backward_ms(self) -> np.ndarray:
+        return self.phase_ms[:, :, L.BACKWARD]
+
+    @property
+    def optimizer_ms(self) -> np.ndarray:
+        return self.phase_ms[:, :, L.OPTIMIZER_PHASE]
+
+    @property
+    def iteration_ms(self) -> np.ndarray:
+        return self.phase_ms.sum(axis=2)
+
+    @property
+    def throughput(self) -> np.ndarray:
+        return self.batch_sizes[None, :] / (self.iteration_ms / 1e3)
+
+    def to_pandas(self):
+        """Long format: one row per (GPU, batch size)."""
+        import pandas as pd
+
+        g, b = np.meshgrid(np.arange(len(self.gpus)), np.arange(len(self.batch_sizes)),
+                           indexing="ij")
+        g, b = g.ravel(), b.ravel()
+        return pd.DataFrame({
+            "gpu": np.asarray(self.gpus, dtype=object)[g],
+            "batch_size": self.batch_sizes[b],
+            "iteration_ms": self.iteration_ms.ravel(),
+            "forward_ms": self.forward_ms.ravel(),
+            "backward_ms": self.backward_ms.ravel(),
+            "optimizer_ms": self.optimizer_ms.ravel(),
+            "throughput": self.throughput.ravel(),
+        })
+
+    def best(self, objective: str = "throughput"):
+        """Best batch size per GPU by `objective` ('throughput' or 'time')."""
+        df = self.to_pandas()
+        if objective == "time":
+            idx = df.groupby("gpu", sort=False)["iteration_ms"].idxmin()
+        else:
+            idx = df.groupby("gpu", sort=False)["throughput"].idxmax()
+        return df.loc[idx].sort_values("iteration_ms").reset_index(drop=True)

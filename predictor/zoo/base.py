@@ -1,0 +1,83 @@
+"""The ZooModel record and small helpers shared by the zoo modules.
+
+Every ``build`` and ``make_inputs`` in the zoo is called by the tracer inside a
+``FakeTensorMode``: they must only construct tensors with shape-driven
+constructors (``torch.zeros``/``ones``/``full``/``randn``/``empty``) and must not
+branch on tensor values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from predictor.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A model the predictor knows how to build, feed and train.
+
+    name:               canonical name, e.g. ``"resnet50"``.
+    description:        one line for ``predictor zoo``.
+    family:             ``"vision" | "text" | "gan" | "seq2seq"`` (``"custom"`` for factories).
+    build:              () -> nn.Module (training module). Called inside FakeTensorMode.
+    make_inputs:        (batch_size, seq_len or None) -> tuple of example inputs.
+    loss_fn:            output of ``model(*inputs)`` -> scalar loss (None: no training loss).
+    default_batch_size: batch size used when the user gives none.
+    default_seq_len:    sequence length used when the user gives none (None for vision).
+    batch_dim:          dimension of every input tensor that is the batch.
+    inference_fn:       () -> nn.Module for inference when it differs from the
+                        training module (e.g. another HF head); None means
+                        ``build()`` put in ``.eval()``.
+    """
+
+    name: str
+    description: str
+    family: str
+    build: Callable[[], torch.nn.Module]
+    make_inputs: Callable[[int, "int | None"], tuple]
+    loss_fn: "Callable[[Any], torch.Tensor] | None"
+    default_batch_size: int
+    default_seq_len: "int | None" = None
+    batch_dim: int = 0
+    inference_fn: "Callable[[], torch.nn.Module] | None" = None
+
+
+def check_batch(batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidArgumentError(f"batch size must be a positive integer, got {batch_size!r}")
+    return batch_size
+
+
+def check_seq(seq_len: "int | None", default: int, maximum: "int | None", model: str) -> int:
+    """The sequence length to use: the default when None, else validated."""
+    if seq_len is None:
+        return default
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise InvalidArgumentError(f"sequence length must be a positive integer, got {seq_len!r}")
+    if maximum is not None and seq_len > maximum:
+        raise InvalidArgumentError(
+            f"sequence length {seq_len} exceeds {model}'s maximum of {maximum} positions"
+        )
+    return seq_len
+
+
+def zeros_target(shape, device) -> torch.Tensor:
+    """Class-index targets (all class 0); value-free so it works under FakeTensorMode."""
+    return torch.zeros(shape, dtype=torch.long, device=device)
+
+
+def classification_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of (N, C) logits against class-0 targets."""
+    return F.cross_entropy(logits, zeros_target(logits.shape[0], logits.device))
+
+
+def token_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of (B, S, V) logits flattened to (B*S, V) against token-0 targets."""
+    v = logits.shape[-1]
+    flat = logits.reshape(-1, v)
+    return F.cross_entropy(flat, zeros_target(flat.shape[0], logits.device))

@@ -1,0 +1,209 @@
+"""Hugging Face transformer models, built from configs written here.
+
+No file or hub access: the config values are in this module and the models
+are built with ``from_config`` (random init), eager attention, no KV cache.
+``transformers`` is imported lazily so ``import predictor.zoo`` stays fast.
+
+Training heads: BERT uses ``BertForPreTraining`` (MLM + NSP heads, loss is the
+sum of both cross entropies, as in BERT pre-training); the causal LMs use
+their ``...ForCausalLM`` / ``LMHeadModel`` with token cross entropy. BERT
+inference uses ``BertForSequenceClassification`` (2 labels).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import check_batch, check_seq, token_loss, zeros_target
+
+# --------------------------------------------------------------------------- configs
+
+BERT_SIZES = {
+    # name: (hidden, layers, heads, intermediate)
+    "bert-large": (1024, 24, 16, 4096),
+    "bert-base": (768, 12, 12, 3072),
+}
+
+GPT2_SIZES = {
+    # name: (n_embd, n_layer, n_head, n_positions)
+    "gpt2": (768, 12, 12, 1024),
+    "gpt2-large": (1280, 36, 20, 1024),
+    # GPT-3 shapes as GPT-2 architecture, using the reference (NeuSight)
+    # configs: gpt3-xl is 3072/24 layers/24 heads (not the GPT-3 paper's
+    # 2048-wide 1.3B model), gpt3-2.7b is the paper's 2560/32/32.
+    "gpt3-xl": (3072, 24, 24, 2048),
+    "gpt3-2.7b": (2560, 32, 32, 2048),
+}
+
+OPT_1_3B = dict(
+    vocab_size=50272,
+    hidden_size=2048,
+    ffn_dim=8192,
+    num_hidden_layers=24,
+    num_attention_heads=32,
+    max_position_embeddings=2048,
+    word_embed_proj_dim=2048,
+    do_layer_norm_before=True,
+    dropout=0.1,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+    activation_function="relu",
+    layerdrop=0.0,
+    init_std=0.02,
+    enable_bias=True,
+    pad_token_id=1,
+    bos_token_id=2,
+    eos_token_id=2,
+)
+
+
+def bert_config(name: str):
+    from transformers import BertConfig
+
+    hidden, layers, heads, inter = BERT_SIZES[name]
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=inter,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        initializer_range=0.02,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+        use_cache=False,
+    )
+
+
+def gpt2_config(name: str):
+    from transformers import GPT2Config
+
+    n_embd, n_layer, n_head, n_pos = GPT2_SIZES[name]
+    return GPT2Config(
+        vocab_size=50257,
+        n_positions=n_pos,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        activation_function="gelu_new",
+        resid_pdrop=0.1,
+        embd_pdrop=0.1,
+        attn_pdrop=0.1,
+        layer_norm_epsilon=1e-5,
+        initializer_range=0.02,
+        bos_token_id=50256,
+        eos_token_id=50256,
+        use_cache=False,
+    )
+
+
+def opt_config():
+    from transformers import OPTConfig
+
+    return OPTConfig(use_cache=False, **OPT_1_3B)
+
+
+def max_positions(name: str) -> int:
+    if name in BERT_SIZES:
+        return 512
+    if name in GPT2_SIZES:
+        return GPT2_SIZES[name][3]
+    return OPT_1_3B["max_position_embeddings"]
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _from_config(auto_cls_name: str, config) -> nn.Module:
+    import transformers
+
+    auto_cls = getattr(transformers, auto_cls_name)
+    model = auto_cls.from_config(config, attn_implementation="eager")
+    model.config.use_cache = False
+    return model
+
+
+def build_bert_pretraining(name: str) -> nn.Module:
+    return _from_config("AutoModelForPreTraining", bert_config(name))
+
+
+def build_bert_classifier(name: str) -> nn.Module:
+    cfg = bert_config(name)
+    cfg.num_labels = 2
+    return _from_config("AutoModelForSequenceClassification", cfg)
+
+
+def _position_ids_hook(module: nn.Module, args: tuple, kwargs: dict):
+    """Pass explicit ``position_ids`` (0..S-1 per row) when the caller gives none.
+
+    Without them, transformers builds positions with ``torch.arange`` inside
+    ``forward`` and then checks their *values* for packed sequences
+    (``masking_utils.find_packed_sequence_indices``), skipping the check only
+    for fake/proxied tensors. When ``make_fx`` runs outside the FakeTensorMode,
+    that arange is a real tensor and the check fails the trace. Deriving the
+    positions from ``input_ids`` keeps them fake, so the check is skipped
+    exactly as under a fake-mode trace. Same positions as the default.
+    """
+    if kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None:
+        ids = args[0] if args else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            kwargs["position_ids"] = torch.zeros_like(ids) + pos
+    return args, kwargs
+
+
+def _causal_lm(config) -> nn.Module:
+    model = _from_config("AutoModelForCausalLM", config)
+    model.register_forward_pre_hook(_position_ids_hook, with_kwargs=True)
+    return model
+
+
+def build_gpt2(name: str) -> nn.Module:
+    return _causal_lm(gpt2_config(name))
+
+
+def build_opt() -> nn.Module:
+    return _causal_lm(opt_config())
+
+
+# --------------------------------------------------------------------------- inputs / losses
+
+
+def token_inputs(name: str, default_seq: int, fill: int):
+    """make_inputs for a single ``input_ids`` (B, S) int64 tensor filled with ``fill``."""
+
+    def make_inputs(batch_size: int, seq_len: int | None = None) -> tuple:
+        b = check_batch(batch_size)
+        s = check_seq(seq_len, default_seq, max_positions(name), name)
+        return (torch.full((b, s), fill, dtype=torch.long),)
+
+    return make_inputs
+
+
+def _get(out: Any, key: str, index: int) -> torch.Tensor:
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        return out[key]
+    if isinstance(out, (tuple, list)):
+        return out[index]
+    return getattr(out, key)
+
+
+def bert_pretraining_loss(out: Any) -> torch.Tensor:
+    """MLM cross entropy over the vocabulary + next-sentence cross entropy."""
+    mlm = token_loss(_get(out, "prediction_logits", 0))
+    nsp_logits = _get(out, "seq_relationship_logits", 1)
+    nsp = F.cross_entropy(nsp_logits, zeros_target(nsp_logits.shape[0], nsp_logits.device))
+    return mlm + nsp
+
+
+def causal_lm_loss(out: Any) -> torch.Tensor:
+    """Token cross entropy of logits (B, S, V) viewed as (B*S, V) against zeros."""
+    return token_loss(_get(out, "logits", 0))
