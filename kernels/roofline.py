@@ -70,10 +70,11 @@ def peak_flops(gpu, family, dtype_code, params):
         if dtype_code == L.F64:
             return gpu[L.G_FP64_TFLOPS] * 1e12
         return gpu[L.G_FP32_TFLOPS] * 1e12
+    # Half-precision GEMMs on GPUs without fast fp16 (P4) run with fp32 math.
     if dtype_code == L.F16:
-        return gpu[L.G_FP16_TFLOPS] * 1e12
+        return max(gpu[L.G_FP16_TFLOPS], gpu[L.G_FP32_TFLOPS]) * 1e12
     if dtype_code == L.BF16:
-        return gpu[L.G_BF16_TFLOPS] * 1e12
+        return max(gpu[L.G_BF16_TFLOPS], gpu[L.G_FP32_TFLOPS]) * 1e12
     if dtype_code == L.F8:
         return gpu[L.G_FP8_TFLOPS] * 1e12
     if dtype_code == L.F64:

@@ -102,6 +102,12 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
             f[col] = f[L.G_FP32_TFLOPS]
     if "fp64_tflops" not in spec:
         f[L.G_FP64_TFLOPS] = f[L.G_FP32_TFLOPS] / 32
+    # Multi-die packages (MI250: 2 GCDs) appear to PyTorch as one device per die.
+    dies = spec.get("dies", 1)
+    if isinstance(dies, int) and dies > 1:
+        for col in (L.G_SMS, L.G_MEM_BW_GBS, L.G_MEMORY_GB, L.G_FP32_TFLOPS, L.G_TF32_TFLOPS,
+                    L.G_FP16_TFLOPS, L.G_BF16_TFLOPS, L.G_FP64_TFLOPS, L.G_FP8_TFLOPS):
+            f[col] /= dies
     return GPU(id=gid, name=str(spec.get("name", gid)), vendor=str(spec.get("vendor", "nvidia")),
                features=f, spec=dict(spec))
 

@@ -11,6 +11,33 @@ import numpy as np
 from predictor.kernels import layout as L
 
 
+def describe(family: int, d) -> str:
+    """A short human-readable shape for one OpTable row's dims."""
+    d = [int(x) for x in d]
+    if family == L.MATMUL:
+        b, m, n, k = d[:4]
+        return (f"{b}x" if b > 1 else "") + f"[{m}x{k}]@[{k}x{n}]"
+    if family in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
+        n, c, h, w, k, r, s, p, q, g, st = d[:11]
+        grp = f" g{g}" if g > 1 else ""
+        return f"{n}x{c}x{h}x{w} -> {k}x{p}x{q} k{r}x{s} s{st}{grp}"
+    if family in (L.ATTENTION, L.ATTENTION_BWD):
+        b, h, sq, sk, dd, dv, causal = d[:7]
+        return f"{b}x{h}h q{sq} k{sk} d{dd}" + (" causal" if causal else "")
+    if family in (L.LSTM, L.LSTM_BWD):
+        t, b, i, h = d[:4]
+        return f"T{t} B{b} in{i} h{h}"
+    read, written = d[L.MEM_READ], d[L.MEM_WRITTEN]
+    return f"read {_si(read)} write {_si(written)} elems"
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return str(int(x))
+
+
 @dataclass
 class Prediction:
     model: str
@@ -48,6 +75,7 @@ class Prediction:
             "op": [t.op_names[i] for i in t.op],
             "phase": [L.PHASE_NAMES[p] for p in t.phase],
             "dtype": [L.DTYPE_NAMES[d] for d in t.dtype],
+            "shape": [describe(f, row) for f, row in zip(t.family, dims)],
             "dims": [tuple(int(x) for x in np.trim_zeros(row, "b")) for row in dims],
             "count": t.count,
             "kernels": t.kernels * t.count,

@@ -14,6 +14,8 @@ free.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from typing import Any, Callable
 
@@ -31,6 +33,19 @@ from predictor.optable import Graph
 SENTINEL_BATCH = 1009
 
 MODES = ("train", "inference")
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """FakeTensorMode logs a full traceback for every op that fails its shape
+    check; the trace error we raise already says what failed, in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    old = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -254,17 +269,8 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     start = time.perf_counter()
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
     try:
-        try:
-            gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size)
-        except PredictorError:
-            raise
-        except Exception:
-            if sentinel is None:
-                raise
-            # Some models only accept particular batch sizes: trace at the
-            # requested one; the graph is then valid at that batch only.
-            sentinel = None
-            gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size)
+        with _quiet_torch_logs():
+            gm, marks, counts, sentinel = _trace_with_fallback(spec, mode, optimizer, sentinel)
     except PredictorError:
         raise
     except Exception as exc:  # noqa: BLE001 — any failure inside user code
@@ -279,3 +285,19 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         unsupported=lowered.unsupported,
         batch_scalable=lowered.batch_scalable and sentinel is not None,
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__)
+
+
+def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel: int | None):
+    """Trace at the sentinel batch; if the model rejects it, at the requested batch."""
+    try:
+        gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size)
+    except PredictorError:
+        raise
+    except Exception:
+        if sentinel is None:
+            raise
+        # Some models only accept particular batch sizes: trace at the
+        # requested one; the graph is then valid at that batch only.
+        sentinel = None
+        gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size)
+    return gm, marks, counts, sentinel

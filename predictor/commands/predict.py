@@ -1,0 +1,122 @@
+"""`predictor predict MODEL`: iteration time on a set of GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from predictor.commands.common import console, load_specs, positive_int
+
+NAME = "predict"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        NAME, help="predict iteration time of a model on GPUs",
+        description="Trace one training step of MODEL (forward, loss, backward, optimizer) "
+                    "and predict its time on each GPU.",
+        epilog="MODEL is a zoo name (`predictor zoo`), path/to/file.py:factory or "
+               "package.module:factory (the factory returns (model, example_inputs)).")
+    p.add_argument("model", metavar="MODEL", help="zoo name or factory spec")
+    p.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the model's)")
+    p.add_argument("--gpus", default=None,
+                   help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
+    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
+                   help="optimizer step to include (default: adam)")
+    p.add_argument("--inference", action="store_true", help="predict a no-grad forward pass only")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                   help="run every floating-point op in this dtype (default: as traced)")
+    p.add_argument("--tf32", action="store_true",
+                   help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
+    p.add_argument("--spec", action="append", default=[], metavar="FILE",
+                   help="extra GPU spec file (TOML, same layout as the built-in one)")
+    p.add_argument("--breakdown", type=positive_int, nargs="?", const=10, metavar="N",
+                   help="also show the N slowest ops on the fastest GPU (default 10)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print a JSON object")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+
+
+def trace_from_args(args: argparse.Namespace):
+    """Trace MODEL as the common options say, with a spinner on stderr."""
+    import predictor
+
+    mode = "inference" if getattr(args, "inference", False) else "train"
+    optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
+    with console(stderr=True).status(f"tracing {args.model} ...", spinner="dots"):
+        return predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                               optimizer=optimizer, mode=mode)
+
+
+def run(args: argparse.Namespace) -> int:
+    from predictor import engine, hardware
+
+    load_specs(args.spec)
+    chosen = hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
+    graph = trace_from_args(args)
+    res = engine.sweep(graph, [g.id for g in chosen], [graph.batch_size], dtype=args.dtype,
+                       tf32_matmul=args.tf32 or None)
+    df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
+    if args.json:
+        out = {
+            "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,
+            "mode": graph.mode, "optimizer": graph.optimizer, "dtype": args.dtype or "as traced",
+            "parameters": graph.parameters, "flops_per_iteration": graph.flops(),
+            "unsupported_ops": graph.unsupported,
+            "predictions": [
+                {k: (float(v) if k.endswith("_ms") or k == "throughput" else v)
+                 for k, v in row.items() if k != "batch_size"}
+                for row in df.to_dict(orient="records")],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    if args.csv:
+        df.insert(0, "model", graph.name)
+        print(df.to_csv(index=False), end="")
+        return 0
+    print_table(graph, df)
+    if args.breakdown:
+        pred = engine.predict(graph, df["gpu"][0], dtype=args.dtype, tf32_matmul=args.tf32 or None)
+        print_breakdown(pred, args.breakdown)
+    return 0
+
+
+def print_table(graph, df) -> None:
+    from rich.table import Table
+
+    flops = sum(graph.flops().values())
+    title = (f"{graph.name} · {graph.mode} · batch {graph.batch_size}"
+             + (f" · seq {graph.seq_len}" if graph.seq_len else "")
+             + f" · {graph.parameters / 1e6:,.1f} M params · {flops / 1e12:,.2f} TFLOP/iter")
+    table = Table(title=title, title_justify="left")
+    table.add_column("GPU", no_wrap=True)
+    for label in ("iter ms", "fwd ms", "bwd ms", "opt ms", "samples/s"):
+        table.add_column(label, justify="right", no_wrap=True)
+    for row in df.itertuples():
+        table.add_row(row.gpu, f"{row.iteration_ms:,.2f}", f"{row.forward_ms:,.2f}",
+                      f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}",
+                      f"{row.throughput:,.1f}")
+    out = console()
+    out.print(table)
+    n_ops = int(graph.ops.count.sum())
+    note = f"{n_ops:,} ops ({len(graph.ops):,} distinct) traced in {graph.trace_seconds:.1f} s."
+    if graph.unsupported:
+        names = ", ".join(f"{k}×{v}" for k, v in sorted(graph.unsupported.items()))
+        note += (f"\n{sum(graph.unsupported.values())} op(s) without a family model, "
+                 f"estimated from bytes moved: {names}")
+    out.print(note, style="dim")
+
+
+def print_breakdown(pred, n: int) -> None:
+    from rich.table import Table
+
+    df = pred.ops.head(n)
+    table = Table(title=f"slowest ops on {pred.gpu}", title_justify="left")
+    for col in ("family", "phase", "shape", "count", "ms", "share", "basis"):
+        table.add_column(col, justify="right" if col in ("count", "ms", "share") else "left",
+                         no_wrap=col != "shape")
+    for row in df.itertuples():
+        table.add_row(row.family, row.phase, row.shape, str(row.count), f"{row.ms:,.3f}",
+                      f"{row.share:.1%}", row.basis)
+    console().print(table)

@@ -1,0 +1,104 @@
+"""The command line as a user runs it: tables, JSON, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from predictor import cli
+
+
+def run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "predictor.cli", *args], capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+@pytest.fixture(scope="module")
+def resnet_json():
+    proc = run("predict", "resnet50", "--batch-size", "64", "--gpus",
+               "T4,V100-PCIE-32GB,A100-SXM4-40GB,H100-SXM5-80GB", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_predict_json_order(resnet_json):
+    out = resnet_json
+    assert out["model"] == "resnet50" and out["batch_size"] == 64
+    preds = {p["gpu"]: p for p in out["predictions"]}
+    t = [preds[g]["iteration_ms"] for g in ("H100-SXM5-80GB", "A100-SXM4-40GB",
+                                            "V100-PCIE-32GB", "T4")]
+    assert t == sorted(t) and t[0] > 0
+    for p in out["predictions"]:
+        total = p["forward_ms"] + p["backward_ms"] + p["optimizer_ms"]
+        assert p["iteration_ms"] == pytest.approx(total)
+
+
+def test_predict_table_and_csv(capsys):
+    assert cli.main(["predict", "dcgan", "--batch-size", "8", "--gpus", "T4,h100"]) == 0
+    out = capsys.readouterr().out
+    assert "H100-SXM5-80GB" in out and "samples/s" in out
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "T4", "--csv",
+                     "--inference"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("model,gpu,batch_size,iteration_ms") and len(lines) == 2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["predict", "no-such-model"], "unknown model"),
+    (["predict", "resnet50", "--gpus", "H10"], "unknown GPU"),
+    (["predict", "resnet50", "--batch-size", "0"], "positive integer"),
+    (["predict", "resnet50", "--batch-size", "-3"], "positive integer"),
+    (["predict", "gpt2", "--seq-len", "5000"], "exceeds"),
+    (["predict", "missing_file.py:build"], "missing_file.py"),
+])
+def test_errors_are_one_line_exit_2(args, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sys.exit(cli.main(args))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and "Traceback" not in err
+
+
+def test_factory_errors(tmp_path, capsys):
+    f = tmp_path / "bad.py"
+    f.write_text("def build():\n    raise RuntimeError('boom')\n"
+                 "def wrong_shape():\n    import torch\n"
+                 "    return torch.nn.Linear(4, 4), (torch.randn(2, 5),)\n")
+    assert cli.main(["predict", f"{f}:build"]) == 2
+    assert "boom" in capsys.readouterr().err
+    assert cli.main(["predict", f"{f}:wrong_shape"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "could not trace" in err and "\n" not in err
+
+
+def test_data_dependent_control_flow_is_a_trace_error(tmp_path, capsys):
+    f = tmp_path / "dyn.py"
+    f.write_text("import torch\nclass M(torch.nn.Module):\n"
+                 "    def __init__(self):\n        super().__init__(); self.l = torch.nn.Linear(4, 4)\n"
+                 "    def forward(self, x):\n        y = self.l(x)\n"
+                 "        return y * 2 if y.sum() > 0 else y\n"
+                 "def build():\n    return M(), (torch.randn(3, 4),)\n")
+    assert cli.main(["predict", f"{f}:build"]) == 2
+    assert "could not trace" in capsys.readouterr().err
+
+
+def test_help_and_version():
+    proc = run("--help")
+    assert proc.returncode == 0 and "predict" in proc.stdout
+    for sub in ("predict", "gpus", "zoo"):
+        proc = run(sub, "--help")
+        assert proc.returncode == 0 and "usage" in proc.stdout
+    proc = run("--version")
+    assert proc.returncode == 0 and "dnn-predictor" in proc.stdout
+
+
+def test_gpus_and_zoo_listings(capsys):
+    assert cli.main(["gpus", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) >= 25
+    assert cli.main(["zoo"]) == 0
+    out = capsys.readouterr().out
+    for name in ("resnet50", "inception_v3", "transformer", "gnmt", "dcgan", "bert-large",
+                 "gpt2-large", "gpt3-xl", "gpt3-2.7b", "opt-1.3b"):
+        assert name in out
