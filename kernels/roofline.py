@@ -111,8 +111,9 @@ def block_slots(gpu, per_sm_cap, threads):
 
 
 @njit(cache=True)
-def op_time_us(family, dtype_code, kernels, d, gpu, params):
-    """Analytical time of one execution of a row, microseconds."""
+def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
+    """Time of one execution of a row, microseconds. `mlp` holds the learned
+    models' weights (empty: the analytical model alone)."""
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
     blocks, per_sm, threads = thread_blocks(family, d)
@@ -137,10 +138,11 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params):
 
 
 def op_time_us_py(family: int, dtype_code: int, kernels: int, dims, gpu: np.ndarray,
-                  params: np.ndarray) -> float:
-    """Plain-Python entry for a single row (tests, predict_op)."""
+                  params: np.ndarray, mlp: np.ndarray | None = None) -> float:
+    """Python entry for a single row (tests, predict_op)."""
     d = np.zeros(L.MAX_DIMS, dtype=np.int64)
     d[: len(dims)] = dims
-    t = op_time_us(int(family), int(dtype_code), int(kernels), d, gpu, params)
+    w = np.zeros(0) if mlp is None else mlp
+    t = op_time_us(int(family), int(dtype_code), int(kernels), d, gpu, params, w)
     assert math.isfinite(t)
     return t

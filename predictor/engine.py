@@ -26,6 +26,11 @@ _DTYPE_ALIASES = {
 }
 
 
+# Placeholders until learned weights / a calibration are passed in.
+_NO_MLP = np.zeros(0)
+_NO_CALIBRATION = (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(L.N_GPU_FEATURES))
+
+
 def _dtype_code(dtype) -> int | None:
     if dtype is None:
         return None
@@ -71,7 +76,7 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
     params = model_params(tf32_matmul, tf32_conv)
     out = np.zeros((len(chosen), len(batches), len(L.PHASE_NAMES)))
     evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
-                  ops.dslope, batches, feats, params, out)
+                  ops.dslope, batches, feats, params, _NO_MLP, *_NO_CALIBRATION, out)
     return SweepResult(model=graph.name, gpus=[g.id for g in chosen], batch_sizes=batches,
                        phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen])
 
@@ -87,7 +92,8 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     per_op = np.zeros(len(ops))
     evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
-                 g.features, model_params(tf32_matmul, tf32_conv), per_op)
+                 g.features, model_params(tf32_matmul, tf32_conv), _NO_MLP, *_NO_CALIBRATION,
+                 per_op)
     fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
     return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
                       backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,
