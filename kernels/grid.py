@@ -5,15 +5,35 @@ per-row model, so a sweep and a single prediction give the same numbers.
 Calibrated rows (``cal_us[i] > 0``: measured on the `origin` device at batch
 ``cal_batch[i]``) are scaled Habitat-style: the model's bias cancels in the
 ratio, ``t = measured * f(row at b, gpu) / f(row at cal_batch, origin)``.
+
+The sweep is the hot path of design-space search, so `evaluate_grid` is laid
+out for it:
+
+- the configurations are split into tasks of one batch size x a block of
+  GPUs, run in parallel (``prange``); each task writes only its own
+  ``out_ms[g0:g1, b, :]`` slice, so no two threads touch the same cell;
+- inside a task a row's dims are computed once per batch size and reused for
+  every GPU of the block (GPU innermost);
+- the calibration denominators ``f(row at cal_batch, origin)`` depend on the
+  row alone and are computed once per call, not once per configuration.
+
+Scratch memory is O(rows) (the denominators) plus one dims vector per task:
+it does not grow with the number of configurations.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from predictor.kernels.roofline import op_time_us
 from predictor.kernels.work import dims_at
+
+# Fewest tasks a sweep is split into when the batch sizes alone are too few to
+# keep the threads busy (a one-batch sweep over many GPUs): enough for 8
+# threads at 2 tasks each. A constant, not numba.get_num_threads(): reading the
+# thread count inside a kernel makes it uncacheable.
+_MIN_TASKS = 16
 
 
 @njit(cache=True)
@@ -30,18 +50,60 @@ def row_time_us(i, family, dtype, kernels, dbase, dslope, batch, d, d0, gpu, par
 
 
 @njit(cache=True)
+def calibration_denominators(family, dtype, kernels, dbase, dslope, params, mlp, cal_us,
+                             cal_batch, origin):
+    """t0[i] = model time of row i at its calibration batch on the origin device
+    (0 for rows without a measurement, which are not scaled)."""
+    n = family.shape[0]
+    t0 = np.zeros(n)
+    if cal_us.shape[0] == 0:
+        return t0
+    d0 = np.empty(dbase.shape[1], dtype=np.int64)
+    for i in range(n):
+        if cal_us[i] > 0.0:
+            dims_at(dbase, dslope, i, cal_batch[i], d0)
+            t0[i] = op_time_us(family[i], dtype[i], kernels[i], d0, origin, params, mlp)
+    return t0
+
+
+@njit(cache=True)
+def _evaluate_block(bi, g0, g1, family, phase, dtype, count, kernels, dbase, dslope, batches,
+                    gpus, params, mlp, cal_us, t0, out_ms):
+    """out_ms[g0:g1, bi, :] += every row at batches[bi] on gpus[g0:g1]."""
+    d = np.empty(dbase.shape[1], dtype=np.int64)
+    calibrated = cal_us.shape[0] > 0
+    batch = batches[bi]
+    for i in range(family.shape[0]):
+        dims_at(dbase, dslope, i, batch, d)
+        fam, dt, kern, ph = family[i], dtype[i], kernels[i], phase[i]
+        ms_per_us = count[i] * 1e-3
+        scaled = calibrated and cal_us[i] > 0.0
+        for g in range(g0, g1):
+            t = op_time_us(fam, dt, kern, d, gpus[g], params, mlp)
+            if scaled:
+                t = cal_us[i] * t / t0[i]
+            out_ms[g, bi, ph] += t * ms_per_us
+
+
+@njit(cache=True, parallel=True)
 def evaluate_grid(family, phase, dtype, count, kernels, dbase, dslope, batches, gpus, params,
                   mlp, cal_us, cal_batch, origin, out_ms):
     """out_ms[g, b, phase] += time of every row at batches[b] on gpus[g] (ms)."""
-    n = family.shape[0]
-    d = np.empty(dbase.shape[1], dtype=np.int64)
-    d0 = np.empty(dbase.shape[1], dtype=np.int64)
-    for g in range(gpus.shape[0]):
-        for bi in range(batches.shape[0]):
-            for i in range(n):
-                t = row_time_us(i, family, dtype, kernels, dbase, dslope, batches[bi], d, d0,
-                                gpus[g], params, mlp, cal_us, cal_batch, origin)
-                out_ms[g, bi, phase[i]] += t * count[i] * 1e-3
+    ng = gpus.shape[0]
+    nb = batches.shape[0]
+    if family.shape[0] == 0 or ng == 0 or nb == 0:
+        return
+    t0 = calibration_denominators(family, dtype, kernels, dbase, dslope, params, mlp, cal_us,
+                                  cal_batch, origin)
+    # GPU blocks per batch size: one when the batch sizes alone fill the threads.
+    blocks = min(ng, max(1, (_MIN_TASKS + nb - 1) // nb))
+    for task in prange(nb * blocks):
+        bi = task // blocks
+        k = task - bi * blocks
+        g0 = k * ng // blocks
+        g1 = (k + 1) * ng // blocks
+        _evaluate_block(bi, g0, g1, family, phase, dtype, count, kernels, dbase, dslope,
+                        batches, gpus, params, mlp, cal_us, t0, out_ms)
 
 
 @njit(cache=True)

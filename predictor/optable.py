@@ -8,13 +8,22 @@ batch size with integer arithmetic and no retracing.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from predictor.atomic import atomic_write
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
 from predictor.kernels.work import work_table
+
+if TYPE_CHECKING:
+    from predictor.memory import MemoryProfile
 
 
 @dataclass
@@ -70,6 +79,9 @@ class Graph:
     batch_scalable: bool = True
     trace_seconds: float = 0.0
     torch_version: str = ""
+    # Storages of the step with their liveness (predictor.memory); None when
+    # the frontend did not run the memory pass.
+    memory: "MemoryProfile | None" = field(default=None, repr=False)
 
     def check_batch(self, batch_size: int | None) -> int:
         b = self.batch_size if batch_size is None else batch_size
@@ -114,6 +126,16 @@ class Graph:
             "unsupported": dict(self.unsupported),
         }
 
+    def save(self, path: str | Path) -> Path:
+        """Write the graph to `path` (.npz: the OpTable's arrays plus a JSON
+        header), atomically. Loading it back needs numpy only, not torch."""
+        return save_graph(self, path)
+
+    @staticmethod
+    def load(path: str | Path) -> "Graph":
+        """A graph written by :meth:`save`."""
+        return load_graph(path)
+
     def __repr__(self) -> str:
         f = self.flops()
         tf = sum(f.values()) / 1e12
@@ -121,3 +143,64 @@ class Graph:
                 f"params={self.parameters / 1e6:.1f}M, {tf:.2f} TFLOP/iter, "
                 f"{int(self.ops.count.sum())} ops in {len(self.ops)} rows, "
                 f"unsupported={sum(self.unsupported.values())})")
+
+
+# ---- on disk: one .npz, the OpTable's arrays plus a JSON header ----------------
+
+GRAPH_FORMAT = 1
+
+
+def save_graph(graph: Graph, path: str | Path) -> Path:
+    path = Path(path)
+    ops = graph.ops
+    arrays = {f"ops.{f.name}": np.ascontiguousarray(getattr(ops, f.name))
+              for f in dataclasses.fields(ops) if isinstance(getattr(ops, f.name), np.ndarray)}
+    header = {"format": GRAPH_FORMAT, "op_names": list(ops.op_names), "graph": {}}
+    for f in dataclasses.fields(graph):
+        value = getattr(graph, f.name)
+        if f.name == "ops":
+            continue
+        if isinstance(value, np.ndarray):
+            arrays[f"graph.{f.name}"] = value
+        else:
+            header["graph"][f.name] = value
+    try:
+        text = json.dumps(header, sort_keys=True, default=_json_scalar)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"cannot save {graph.name}: {exc}") from exc
+    arrays["header"] = np.frombuffer(text.encode(), dtype=np.uint8)
+    with atomic_write(path) as fh:
+        np.savez(fh, **arrays)
+    return path
+
+
+def _json_scalar(value):
+    if isinstance(value, np.generic):  # numpy ints and floats in graph metadata
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def load_graph(path: str | Path) -> Graph:
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise InvalidArgumentError(f"no saved graph at {path}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise InvalidArgumentError(f"{path} is not a saved graph ({exc})") from None
+    try:
+        header = json.loads(data.pop("header").tobytes().decode())
+        if header.get("format") != GRAPH_FORMAT:
+            raise ValueError(f"format {header.get('format')!r}, expected {GRAPH_FORMAT}")
+        op_fields = {f.name for f in dataclasses.fields(OpTable)}
+        ops = OpTable(op_names=list(header["op_names"]),
+                      **{k[4:]: v for k, v in data.items()
+                         if k.startswith("ops.") and k[4:] in op_fields})
+        graph_fields = {f.name for f in dataclasses.fields(Graph)}
+        kwargs = {k: v for k, v in header["graph"].items() if k in graph_fields}
+        kwargs.update({k[6:]: v for k, v in data.items()
+                       if k.startswith("graph.") and k[6:] in graph_fields})
+        return Graph(ops=ops, **kwargs)
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"{path} is not a saved graph ({exc})") from None

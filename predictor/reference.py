@@ -1,0 +1,229 @@
+"""The plain-Python reference of the engine: the test oracle for the kernels.
+
+The same per-op math as ``predictor.kernels`` (``work.py``, ``roofline.py`` and
+the calibration scaling of ``grid.py``), written again in plain Python, one
+op and one configuration at a time, the way Habitat evaluates a model: a loop
+over GPUs x batch sizes x ops. It shares no code with the kernels beyond the
+integer codes of ``layout`` and the parameter-vector indices, so a mistake in
+one shows up as a disagreement with the other (the tests hold them to 1e-6
+relative). It is also the baseline the sweep benchmark compares against.
+
+Each function mirrors the kernel function of the same name. Integers stay
+Python ints where the kernel uses int64 and floats stay floats where it uses
+float64, so the results agree to rounding as long as no int64 overflows.
+When the kernels' model changes (a learned efficiency in ``op_time_us``),
+change the function of the same name here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from predictor.kernels import layout as L
+from predictor.kernels import roofline as R
+from predictor.kernels import work as W
+
+_FLOATING = (L.F32, L.F16, L.BF16, L.F64)
+
+# ---- kernels/work.py -------------------------------------------------------------
+
+
+def dims_at(dbase, dslope, row: int, batch: int) -> list[int]:
+    return [int(b) + int(s) * int(batch) for b, s in zip(dbase[row], dslope[row])]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _is_gemm(family: int) -> bool:
+    return family in (L.MATMUL, L.CONV, L.CONV_DGRAD, L.CONV_WGRAD)
+
+
+def gemm_shape(family: int, d: Sequence[int]) -> tuple[int, int, int, int]:
+    if family == L.MATMUL:
+        return d[0], d[1], d[2], d[3]
+    n, c, h, w, k, r, s, p, q, g = d[:10]
+    g = max(g, 1)
+    if family == L.CONV:
+        return g, n * p * q, k // g, (c // g) * r * s
+    if family == L.CONV_DGRAD:
+        return g, n * h * w, c // g, (k // g) * r * s
+    return g, k // g, (c // g) * r * s, n * p * q
+
+
+def flops_and_elems(family: int, d: Sequence[int]) -> tuple[float, float]:
+    if family == L.MATMUL:
+        bt, m, n, k = d[:4]
+        return 2.0 * bt * m * n * k, float(bt * m * k + bt * k * n + bt * m * n)
+    if family in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
+        n, c, h, w, k, r, s, p, q, g = d[:10]
+        cg = c // max(g, 1)
+        return 2.0 * n * k * p * q * cg * r * s, float(n * c * h * w + k * cg * r * s + n * k * p * q)
+    if family in (L.ATTENTION, L.ATTENTION_BWD):
+        b, h, sq, sk, dd, dv, causal = d[:7]
+        flops = 2.0 * b * h * sq * sk * (dd + dv)
+        if causal:
+            flops *= 0.5
+        elems = float(b * h * (sq * dd + sk * dd + sk * dv + sq * dv))
+        if family == L.ATTENTION_BWD:
+            flops *= 2.5
+            elems *= 2.0
+        return flops, elems
+    if family in (L.LSTM, L.LSTM_BWD):
+        t, b, i, h = d[:4]
+        flops = 2.0 * t * b * 4 * h * (i + h) + 10.0 * t * b * 4 * h
+        elems = float(t * b * (i + h) + 4 * h * (i + h) + 2 * t * b * 4 * h)
+        if family == L.LSTM_BWD:
+            flops *= 2.0
+            elems *= 2.0
+        return flops, elems
+    return float(d[L.MEM_FLOPS]), float(d[L.MEM_READ] + d[L.MEM_WRITTEN])
+
+
+def thread_blocks(family: int, d: Sequence[int]) -> tuple[int, int, int]:
+    if _is_gemm(family):
+        bt, m, n, _ = gemm_shape(family, d)
+        return max(bt * _cdiv(m, W.TILE_M) * _cdiv(n, W.TILE_N), 1), 1, 256
+    if family in (L.ATTENTION, L.ATTENTION_BWD):
+        return max(d[0] * d[1] * _cdiv(d[2], W.ATTN_TILE), 1), 1, 128
+    if family in (L.LSTM, L.LSTM_BWD):
+        return max(_cdiv(d[1], 32) * _cdiv(4 * d[3], 128), 1), 1, 256
+    if family in (L.SOFTMAX, L.SOFTMAX_BWD, L.LAYER_NORM, L.LAYER_NORM_BWD):
+        return max(d[L.MEM_OUTER], 1), 8, 128
+    written = max(d[L.MEM_WRITTEN], d[L.MEM_READ] // 2, 1)
+    per_block = W.EW_THREADS * W.EW_ELEMS_PER_THREAD
+    return max(_cdiv(written, per_block), 1), 16, W.EW_THREADS
+
+
+def row_elem_bytes(dtype_code: int) -> float:
+    return float(L.DTYPE_BYTES[dtype_code])
+
+
+# ---- kernels/roofline.py ---------------------------------------------------------
+
+_TENSOR_CORE_FAMILIES = (L.MATMUL, L.CONV, L.CONV_DGRAD, L.CONV_WGRAD, L.ATTENTION,
+                         L.ATTENTION_BWD, L.LSTM, L.LSTM_BWD)
+_TF32_CONV_FAMILIES = (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD, L.LSTM, L.LSTM_BWD)
+
+
+def peak_flops(gpu: Sequence[float], family: int, dtype_code: int, params) -> float:
+    fp32 = gpu[L.G_FP32_TFLOPS]
+    if family not in _TENSOR_CORE_FAMILIES:
+        return (gpu[L.G_FP64_TFLOPS] if dtype_code == L.F64 else fp32) * 1e12
+    if dtype_code == L.F16:
+        return max(gpu[L.G_FP16_TFLOPS], fp32) * 1e12
+    if dtype_code == L.BF16:
+        return max(gpu[L.G_BF16_TFLOPS], fp32) * 1e12
+    if dtype_code == L.F8:
+        return gpu[L.G_FP8_TFLOPS] * 1e12
+    if dtype_code == L.F64:
+        return gpu[L.G_FP64_TFLOPS] * 1e12
+    switch = R.P_TF32_CONV if family in _TF32_CONV_FAMILIES else R.P_TF32_MATMUL
+    if params[switch] > 0.5:
+        return max(gpu[L.G_TF32_TFLOPS], fp32) * 1e12
+    return fp32 * 1e12
+
+
+def wave_utilisation(blocks: int, slots: int) -> float:
+    if slots <= 0:
+        return 1.0
+    waves = _cdiv(blocks, slots)
+    return blocks / (waves * slots)
+
+
+def block_slots(gpu: Sequence[float], per_sm_cap: int, threads: int) -> int:
+    by_threads = math.floor(gpu[L.G_MAX_THREADS_SM] / threads)
+    per_sm = min(per_sm_cap, by_threads, gpu[L.G_MAX_BLOCKS_SM])
+    return max(int(per_sm), 1) * int(gpu[L.G_SMS])
+
+
+def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
+               gpu: Sequence[float], params, mlp) -> float:
+    """Time of one execution of a row (us): roofline with wave quantization."""
+    if len(mlp):
+        raise NotImplementedError("the reference has no learned-efficiency model yet; "
+                                  "mirror the kernels' MLP here before testing with weights")
+    flops, elems = flops_and_elems(family, d)
+    nbytes = elems * row_elem_bytes(dtype_code)
+    blocks, per_sm, threads = thread_blocks(family, d)
+    slots = block_slots(gpu, per_sm, threads)
+    if _is_gemm(family) and blocks < slots:  # split-K
+        k = gemm_shape(family, d)[3]
+        blocks *= max(min(slots // blocks, k // R.SPLIT_K_MIN), 1)
+    util = wave_utilisation(blocks, slots)
+    util_m = min(1.0, blocks / max(params[R.P_MEM_SATURATION] * slots, 1.0))
+    t_c = 0.0
+    if flops > 0.0:
+        t_c = flops / (peak_flops(gpu, family, dtype_code, params)
+                       * params[R.P_ETA_C + family] * util) * 1e6
+    t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family] * util_m) * 1e6
+    t = max(t_c, t_m) + kernels * params[R.P_LAUNCH_US]
+    if family in (L.LSTM, L.LSTM_BWD):
+        t += d[0] * params[R.P_LSTM_STEP_US]
+    return t
+
+
+# ---- kernels/grid.py -------------------------------------------------------------
+
+
+def row_time_us(i: int, family, dtype, kernels, dbase, dslope, batch: int, gpu, params, mlp,
+                cal_us, cal_batch, origin) -> float:
+    """Time of one execution of row i at `batch` on `gpu`; a calibrated row is its
+    measured time times the model's ratio (destination / origin)."""
+    t = op_time_us(family[i], dtype[i], kernels[i], dims_at(dbase, dslope, i, batch), gpu,
+                   params, mlp)
+    if len(cal_us) and cal_us[i] > 0.0:
+        t0 = op_time_us(family[i], dtype[i], kernels[i],
+                        dims_at(dbase, dslope, i, cal_batch[i]), origin, params, mlp)
+        t = cal_us[i] * t / t0
+    return t
+
+
+def evaluate_grid(family, phase, dtype, count, kernels, dbase, dslope, batches, gpus, params,
+                  mlp, cal_us=(), cal_batch=(), origin=()) -> np.ndarray:
+    """ms[g, b, phase]: every row at batches[b] on gpus[g], one op at a time."""
+    rows = _plain(family, phase, dtype, count, kernels, dbase, dslope)
+    family, phase, dtype, count, kernels, dbase, dslope = rows
+    params = [float(x) for x in params]
+    cal_us = [float(x) for x in cal_us]
+    cal_batch = [int(x) for x in cal_batch]
+    origin = [float(x) for x in origin]
+    batches = [int(b) for b in batches]
+    out = np.zeros((len(gpus), len(batches), len(L.PHASE_NAMES)))
+    for g, gpu_row in enumerate(gpus):
+        gpu = [float(x) for x in gpu_row]
+        for bi, batch in enumerate(batches):
+            totals = [0.0] * len(L.PHASE_NAMES)
+            for i in range(len(family)):
+                t = row_time_us(i, family, dtype, kernels, dbase, dslope, batch, gpu, params,
+                                mlp, cal_us, cal_batch, origin)
+                totals[phase[i]] += t * count[i] * 1e-3
+            out[g, bi] = totals
+    return out
+
+
+def _plain(*arrays):
+    """numpy rows -> Python ints (and lists of lists for the dims)."""
+    return tuple(np.asarray(a).tolist() for a in arrays)
+
+
+# ---- predictor/engine.py ---------------------------------------------------------
+
+
+def cast_dtype(dtype, dtype_code: int | None):
+    """Every floating-point row in `dtype_code` (None: as traced)."""
+    if dtype_code is None:
+        return list(dtype)
+    return [dtype_code if int(x) in _FLOATING else int(x) for x in dtype]
+
+
+def sweep(ops, gpu_features, batches, params, mlp=(), dtype_code: int | None = None,
+          cal_us=(), cal_batch=(), origin=()) -> np.ndarray:
+    """Reference of ``engine.sweep(...).phase_ms`` for an OpTable `ops`."""
+    return evaluate_grid(ops.family, ops.phase, cast_dtype(ops.dtype, dtype_code), ops.count,
+                         ops.kernels, ops.dbase, ops.dslope, batches, gpu_features, params,
+                         list(mlp), cal_us, cal_batch, origin)
