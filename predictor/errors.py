@@ -30,3 +30,9 @@ class TraceError(PredictorError, RuntimeError):
 
 class InvalidArgumentError(PredictorError, ValueError):
     """A bad batch size, dtype, optimizer name, etc."""
+
+
+class FileFormatError(PredictorError, ValueError):
+    """A file the tool reads (an ONNX model, a calibration, a saved graph) that is
+    missing, truncated, corrupt or of an unsupported version; the message names
+    the file and the problem."""
