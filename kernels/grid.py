@@ -34,6 +34,9 @@ from predictor.kernels.work import dims_at
 # threads at 2 tasks each. A constant, not numba.get_num_threads(): reading the
 # thread count inside a kernel makes it uncacheable.
 _MIN_TASKS = 16
+# Row evaluations (rows x configurations) below which a grid runs on the
+# calling thread alone: about a millisecond of work.
+_MIN_PARALLEL_WORK = 10_000
 
 
 @njit(cache=True)
@@ -95,6 +98,12 @@ def evaluate_grid(family, phase, dtype, count, kernels, dbase, dslope, batches, 
         return
     t0 = calibration_denominators(family, dtype, kernels, dbase, dslope, params, mlp, cal_us,
                                   cal_batch, origin)
+    if family.shape[0] * ng * nb < _MIN_PARALLEL_WORK:
+        # Waking the worker threads costs more than a small grid takes.
+        for bi in range(nb):
+            _evaluate_block(bi, 0, ng, family, phase, dtype, count, kernels, dbase, dslope,
+                            batches, gpus, params, mlp, cal_us, t0, out_ms)
+        return
     # GPU blocks per batch size: one when the batch sizes alone fill the threads.
     blocks = min(ng, max(1, (_MIN_TASKS + nb - 1) // nb))
     for task in prange(nb * blocks):

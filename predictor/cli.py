@@ -14,13 +14,14 @@ from predictor import __version__
 from predictor.errors import PredictorError
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("predict", "gpus", "zoo")
+COMMANDS = ("predict", "sweep", "gpus", "zoo")
 
 EXAMPLES = """examples:
   predictor predict resnet50 --batch-size 64
   predictor predict bert-large --gpus T4,A100-SXM4-80GB,H100-SXM5-80GB --json
   predictor predict gpt2-large --seq-len 512 --gpus all --csv
   predictor predict my_model.py:build --batch-size 32 --breakdown 15
+  predictor sweep resnet50 --gpus all --batch-sizes 1..1024 --plot sweep.png
   predictor gpus
   predictor zoo
 """

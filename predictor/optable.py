@@ -9,6 +9,7 @@ batch size with integer arithmetic and no retracing.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import zipfile
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from predictor.atomic import atomic_write
-from predictor.errors import InvalidArgumentError
+from predictor.errors import FileFormatError, InvalidArgumentError
+from predictor.io import atomic_writer
 from predictor.kernels import layout as L
 from predictor.kernels.work import work_table
 
@@ -145,62 +146,91 @@ class Graph:
                 f"unsupported={sum(self.unsupported.values())})")
 
 
-# ---- on disk: one .npz, the OpTable's arrays plus a JSON header ----------------
+# ---- on disk: one .npz, every array of the graph plus a JSON header ------------
+# The header is the graph's dataclass tree in JSON: arrays are references to
+# members of the .npz, nested dataclasses (the OpTable, a memory profile) name
+# their class, so fields added to any of them later are saved without changes
+# here. Loading never unpickles anything and only builds predictor classes.
 
 GRAPH_FORMAT = 1
 
 
 def save_graph(graph: Graph, path: str | Path) -> Path:
-    path = Path(path)
-    ops = graph.ops
-    arrays = {f"ops.{f.name}": np.ascontiguousarray(getattr(ops, f.name))
-              for f in dataclasses.fields(ops) if isinstance(getattr(ops, f.name), np.ndarray)}
-    header = {"format": GRAPH_FORMAT, "op_names": list(ops.op_names), "graph": {}}
-    for f in dataclasses.fields(graph):
-        value = getattr(graph, f.name)
-        if f.name == "ops":
-            continue
-        if isinstance(value, np.ndarray):
-            arrays[f"graph.{f.name}"] = value
-        else:
-            header["graph"][f.name] = value
+    arrays: dict[str, np.ndarray] = {}
     try:
-        text = json.dumps(header, sort_keys=True, default=_json_scalar)
+        text = json.dumps({"format": GRAPH_FORMAT, "graph": _encode(graph, "g", arrays)},
+                          sort_keys=True)
     except TypeError as exc:
         raise InvalidArgumentError(f"cannot save {graph.name}: {exc}") from exc
     arrays["header"] = np.frombuffer(text.encode(), dtype=np.uint8)
-    with atomic_write(path) as fh:
+    with atomic_writer(path) as fh:
         np.savez(fh, **arrays)
-    return path
-
-
-def _json_scalar(value):
-    if isinstance(value, np.generic):  # numpy ints and floats in graph metadata
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+    return Path(path)
 
 
 def load_graph(path: str | Path) -> Graph:
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
+            arrays = {k: z[k] for k in z.files}
     except FileNotFoundError:
-        raise InvalidArgumentError(f"no saved graph at {path}") from None
+        raise FileFormatError(f"no saved graph at {path}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise InvalidArgumentError(f"{path} is not a saved graph ({exc})") from None
+        raise FileFormatError(f"{path} is not a saved graph ({exc})") from None
     try:
-        header = json.loads(data.pop("header").tobytes().decode())
+        header = json.loads(arrays.pop("header").tobytes().decode())
         if header.get("format") != GRAPH_FORMAT:
-            raise ValueError(f"format {header.get('format')!r}, expected {GRAPH_FORMAT}")
-        op_fields = {f.name for f in dataclasses.fields(OpTable)}
-        ops = OpTable(op_names=list(header["op_names"]),
-                      **{k[4:]: v for k, v in data.items()
-                         if k.startswith("ops.") and k[4:] in op_fields})
-        graph_fields = {f.name for f in dataclasses.fields(Graph)}
-        kwargs = {k: v for k, v in header["graph"].items() if k in graph_fields}
-        kwargs.update({k[6:]: v for k, v in data.items()
-                       if k.startswith("graph.") and k[6:] in graph_fields})
-        return Graph(ops=ops, **kwargs)
-    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"{path} is not a saved graph ({exc})") from None
+            raise ValueError(f"format {header.get('format')!r}, this version reads "
+                             f"{GRAPH_FORMAT}")
+        graph = _decode(header["graph"], arrays)
+        if not isinstance(graph, Graph):
+            raise ValueError("no graph in the file")
+        return graph
+    except (KeyError, TypeError, ValueError, AttributeError, ImportError,
+            UnicodeDecodeError) as exc:
+        raise FileFormatError(f"{path} is not a saved graph ({exc})") from None
+
+
+def _encode(value, key: str, arrays: dict):
+    if isinstance(value, np.ndarray):
+        arrays[key] = np.ascontiguousarray(value)
+        return {"__array__": key}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {f.name: _encode(getattr(value, f.name), f"{key}.{f.name}", arrays)
+                           for f in dataclasses.fields(value)}}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, f"{key}.{i}", arrays) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, f"{key}.{i}", arrays) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{key}: dict keys must be strings")
+        return {"__dict__": {k: _encode(v, f"{key}.{k}", arrays) for k, v in value.items()}}
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"{key}: {type(value).__name__} cannot be saved")
+
+
+def _decode(value, arrays: dict):
+    if isinstance(value, list):
+        return [_decode(v, arrays) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__array__" in value:
+        return arrays[value["__array__"]]
+    if "__tuple__" in value:
+        return tuple(_decode(v, arrays) for v in value["__tuple__"])
+    if "__dict__" in value:
+        return {k: _decode(v, arrays) for k, v in value["__dict__"].items()}
+    module, _, name = value["__dataclass__"].partition(":")
+    if module != "predictor" and not module.startswith("predictor."):
+        raise ValueError(f"refusing to build {module}:{name}")
+    cls = getattr(importlib.import_module(module), name)
+    if not dataclasses.is_dataclass(cls):
+        raise ValueError(f"{module}:{name} is not a dataclass")
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: _decode(v, arrays) for k, v in value["fields"].items() if k in known})

@@ -3,10 +3,11 @@
 The same per-op math as ``predictor.kernels`` (``work.py``, ``roofline.py`` and
 the calibration scaling of ``grid.py``), written again in plain Python, one
 op and one configuration at a time, the way Habitat evaluates a model: a loop
-over GPUs x batch sizes x ops. It shares no code with the kernels beyond the
-integer codes of ``layout`` and the parameter-vector indices, so a mistake in
-one shows up as a disagreement with the other (the tests hold them to 1e-6
-relative). It is also the baseline the sweep benchmark compares against.
+over GPUs x batch sizes x ops, then the host-overhead rule of
+``predictor.overhead``. It shares no code with them beyond the integer codes
+of ``layout``, the parameter-vector indices and the host-cost constants, so a
+mistake in one shows up as a disagreement with the other (the tests hold them
+to 1e-6 relative). It is also the baseline the sweep benchmark compares against.
 
 Each function mirrors the kernel function of the same name. Integers stay
 Python ints where the kernel uses int64 and floats stay floats where it uses
@@ -18,7 +19,7 @@ change the function of the same name here.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -211,6 +212,27 @@ def _plain(*arrays):
     return tuple(np.asarray(a).tolist() for a in arrays)
 
 
+# ---- predictor/overhead.py -------------------------------------------------------
+
+
+def host_phase_ms(graph) -> list[float]:
+    """Host time of each phase (ms): a dispatch per aten op, a launch per kernel."""
+    from predictor.overhead import HOST_DISPATCH_US, HOST_LAUNCH_US
+
+    ops = graph.ops
+    phases = range(len(L.PHASE_NAMES))
+    recorded = list(getattr(graph, "host_ops", None) or [])
+    if len(recorded) == len(L.PHASE_NAMES):
+        dispatched = [float(x) for x in recorded]
+    else:  # not recorded: every kernel-running op is one dispatch
+        dispatched = [float(sum(int(c) for c, p in zip(ops.count, ops.phase) if p == ph))
+                      for ph in phases]
+    launches = [float(sum(int(c) * int(k) for c, k, p in zip(ops.count, ops.kernels, ops.phase)
+                          if p == ph)) for ph in phases]
+    return [(HOST_DISPATCH_US * dispatched[ph] + HOST_LAUNCH_US * launches[ph]) * 1e-3
+            for ph in phases]
+
+
 # ---- predictor/engine.py ---------------------------------------------------------
 
 
@@ -221,9 +243,23 @@ def cast_dtype(dtype, dtype_code: int | None):
     return [dtype_code if int(x) in _FLOATING else int(x) for x in dtype]
 
 
-def sweep(ops, gpu_features, batches, params, mlp=(), dtype_code: int | None = None,
-          cal_us=(), cal_batch=(), origin=()) -> np.ndarray:
-    """Reference of ``engine.sweep(...).phase_ms`` for an OpTable `ops`."""
-    return evaluate_grid(ops.family, ops.phase, cast_dtype(ops.dtype, dtype_code), ops.count,
-                         ops.kernels, ops.dbase, ops.dslope, batches, gpu_features, params,
-                         list(mlp), cal_us, cal_batch, origin)
+class ReferenceSweep(NamedTuple):
+    phase_ms: np.ndarray      # [gpu, batch, phase] what engine.sweep returns
+    gpu_phase_ms: np.ndarray  # [gpu, batch, phase] the GPU's kernels alone (evaluate_grid)
+
+
+def sweep(graph, gpu_features, batches, params, mlp=(), dtype_code: int | None = None,
+          cal_us=(), cal_batch=(), origin=()) -> ReferenceSweep:
+    """Reference of ``engine.sweep(graph, ...)``: per-op GPU times summed by
+    phase, then each phase lasts as long as the GPU or the host, whichever is
+    longer."""
+    ops = graph.ops
+    gpu = evaluate_grid(ops.family, ops.phase, cast_dtype(ops.dtype, dtype_code), ops.count,
+                        ops.kernels, ops.dbase, ops.dslope, batches, gpu_features, params,
+                        list(mlp), cal_us, cal_batch, origin)
+    host = host_phase_ms(graph)
+    total = np.empty_like(gpu)
+    for g in range(gpu.shape[0]):
+        for b in range(gpu.shape[1]):
+            total[g, b] = [max(gpu[g, b, ph], host[ph]) for ph in range(gpu.shape[2])]
+    return ReferenceSweep(total, gpu)

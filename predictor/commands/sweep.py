@@ -1,0 +1,206 @@
+"""`predictor sweep MODEL`: every (GPU, batch size) at once; the best batch per
+GPU, and optionally a plot and the full grid as CSV."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+from predictor.commands.common import console, load_specs, positive_int
+
+NAME = "sweep"
+
+DEFAULT_BATCHES = "1..1024"
+# A sweep far larger than any design space is a typo (1..10**9 in steps of 1).
+MAX_BATCH_SIZES = 4096
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,2,4..1024' -> sorted distinct batch sizes. `a..b` doubles from a up
+    to b (b included even when it is not a power-of-two multiple of a)."""
+    out: set[int] = set()
+    for item in (t.strip() for t in str(text).split(",")):
+        if not item:
+            continue
+        if ".." in item:
+            lo_text, _, hi_text = item.partition("..")
+            lo, hi = _positive(lo_text, item), _positive(hi_text, item)
+            if lo > hi:
+                raise argparse.ArgumentTypeError(f"empty batch-size range {item!r} ({lo} > {hi})")
+            b = lo
+            while b < hi:
+                out.add(b)
+                b *= 2
+            out.add(hi)
+        else:
+            out.add(_positive(item, item))
+        if len(out) > MAX_BATCH_SIZES:
+            raise argparse.ArgumentTypeError(f"more than {MAX_BATCH_SIZES} batch sizes")
+    if not out:
+        raise argparse.ArgumentTypeError(f"no batch size in {text!r}")
+    return sorted(out)
+
+
+def _positive(text: str, item: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad batch size {item!r}: expected N or A..B (doubling), e.g. 1,2,4..1024") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {value}")
+    return value
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        NAME, help="sweep batch sizes x GPUs; best batch per GPU, plot, CSV",
+        description="Trace one training step of MODEL once, then predict it for every "
+                    "(GPU, batch size) combination and show the best batch size per GPU "
+                    "by throughput.",
+        epilog="MODEL is a zoo name (`predictor zoo`), path/to/file.py:factory, "
+               "package.module:factory, or a graph saved with --save-graph (.npz; "
+               "no tracing, torch not needed). Example: predictor sweep resnet50 "
+               "--gpus all --batch-sizes 1..1024 --plot sweep.png")
+    p.add_argument("model", metavar="MODEL", help="zoo name, factory spec or saved graph (.npz)")
+    p.add_argument("-b", "--batch-sizes", type=parse_batch_sizes, default=DEFAULT_BATCHES,
+                   metavar="LIST",
+                   help="comma-separated sizes and doubling ranges A..B "
+                        f"(default {DEFAULT_BATCHES}: 1,2,4,...,1024)")
+    p.add_argument("--gpus", default=None,
+                   help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
+    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
+                   help="optimizer step to include (default: adam)")
+    p.add_argument("--inference", action="store_true", help="predict a no-grad forward pass only")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                   help="run every floating-point op in this dtype (default: as traced)")
+    p.add_argument("--tf32", action="store_true",
+                   help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
+    p.add_argument("--spec", action="append", default=[], metavar="FILE",
+                   help="extra GPU spec file (TOML, same layout as the built-in one)")
+    p.add_argument("--plot", metavar="FILE", help="write a plot (.png, .svg or .pdf)")
+    p.add_argument("--csv", metavar="FILE", help="write every (GPU, batch size) as CSV")
+    p.add_argument("--save-graph", metavar="FILE",
+                   help="save the traced graph (.npz) to sweep it again without tracing")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON object (best batch per GPU and the whole grid)")
+
+
+def load_graph(args: argparse.Namespace):
+    """A saved graph (MODEL ends in .npz) or a fresh trace."""
+    if args.model.lower().endswith(".npz"):
+        from predictor.optable import Graph
+
+        return Graph.load(args.model)
+    from predictor.commands.predict import trace_from_args
+
+    args.batch_size = None
+    return trace_from_args(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from predictor import engine, hardware
+
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise _bad_argument(f"cannot plot to {args.plot}: use a .png, .svg or .pdf file name")
+    load_specs(args.spec)
+    chosen = hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
+    graph = load_graph(args)
+    if args.save_graph:
+        graph.save(args.save_graph)
+    start = time.perf_counter()
+    res = engine.sweep(graph, [g.id for g in chosen], args.batch_sizes, dtype=args.dtype,
+                       tf32_matmul=args.tf32 or None)
+    seconds = time.perf_counter() - start
+    df = res.to_pandas()
+    best = res.best("throughput")
+    _add_cost(best, res)
+    if args.csv:
+        from predictor.io import atomic_writer
+
+        full = df.copy()
+        full.insert(0, "model", graph.name)
+        with atomic_writer(args.csv, "w", encoding="utf-8") as fh:
+            full.to_csv(fh, index=False)
+    if args.plot:
+        from predictor.plots import plot_sweep
+
+        plot_sweep(res, args.plot, title=_title(graph, args))
+    if args.json:
+        print(json.dumps({
+            "model": graph.name, "mode": graph.mode, "optimizer": graph.optimizer,
+            "seq_len": graph.seq_len, "dtype": args.dtype or "as traced",
+            "batch_sizes": [int(b) for b in res.batch_sizes], "gpus": res.gpus,
+            "best": _records(best), "grid": _records(df),
+        }, indent=2))
+        return 0
+    print_best(graph, args, res, best, seconds)
+    return 0
+
+
+def _bad_argument(message: str):
+    from predictor.errors import InvalidArgumentError
+
+    return InvalidArgumentError(message)
+
+
+def _add_cost(best, res) -> None:
+    """$ per million samples at the best batch (GPUs with a listed price)."""
+    price = dict(zip(res.gpus, res.prices))
+    best["usd_per_m_samples"] = [
+        (price[g] / 3600 / t * 1e6) if price.get(g) else math.nan
+        for g, t in zip(best["gpu"], best["throughput"])]
+
+
+def _records(df) -> list[dict]:
+    out = []
+    for row in df.to_dict(orient="records"):
+        out.append({k: (None if isinstance(v, float) and not math.isfinite(v)
+                        else int(v) if k == "batch_size" else
+                        float(v) if not isinstance(v, str) else v)
+                    for k, v in row.items()})
+    return out
+
+
+def _title(graph, args) -> str:
+    parts = [graph.name, "training step" if graph.mode == "train" else graph.mode]
+    if graph.seq_len:
+        parts.append(f"seq {graph.seq_len}")
+    parts.append(args.dtype or "dtype as traced")
+    return " · ".join(parts)
+
+
+def print_best(graph, args, res, best, seconds: float) -> None:
+    from rich.table import Table
+
+    from predictor.commands.common import fmt
+
+    largest = int(res.batch_sizes[-1])
+    table = Table(title="best batch size per GPU by throughput", title_justify="left")
+    table.add_column("GPU", no_wrap=True)
+    for label in ("batch", "ms/iter", "samples/s", "$/M samples"):
+        table.add_column(label, justify="right", no_wrap=True)
+    best = best.sort_values("throughput", ascending=False, ignore_index=True)
+    for row in best.itertuples():
+        mark = "*" if int(row.batch_size) == largest and len(res.batch_sizes) > 1 else ""
+        table.add_row(row.gpu, f"{int(row.batch_size)}{mark}", f"{row.iteration_ms:,.2f}",
+                      f"{row.throughput:,.1f}", fmt(row.usd_per_m_samples))
+    out = console()
+    out.print(_title(graph, args), style="bold")
+    out.print(table)
+    n = res.phase_ms.shape[0] * res.phase_ms.shape[1]
+    note = (f"{len(res.gpus)} GPUs × {len(res.batch_sizes)} batch sizes = {n:,} configurations "
+            f"predicted in {seconds * 1e3:,.1f} ms (the first sweep of a process includes loading "
+            "the compiled kernels); --csv/--json give the forward/backward/optimizer split")
+    if (best["batch_size"] == largest).any() and len(res.batch_sizes) > 1:
+        note += (f"\n* the largest batch swept ({largest}): throughput is still rising there; "
+                 "check that it fits in the GPU's memory")
+    extra = [f"plot: {args.plot}" if args.plot else "", f"CSV: {args.csv}" if args.csv else "",
+             f"graph: {args.save_graph}" if args.save_graph else ""]
+    if any(extra):
+        note += "\nwrote " + ", ".join(e for e in extra if e)
+    out.print(note, style="dim")
