@@ -94,7 +94,8 @@ G_REGS_SM = 11
 G_SMEM_SM_KB = 12
 G_MEMORY_GB = 13
 G_FP8_TFLOPS = 14
-N_GPU_FEATURES = 15
+G_TDP_W = 15
+N_GPU_FEATURES = 16
 
 # ---- basis of a per-op time ----------------------------------------------------
 BASIS_ANALYTICAL = 0

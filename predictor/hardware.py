@@ -39,6 +39,7 @@ OPTIONAL = {
     "max_blocks_per_sm": (L.G_MAX_BLOCKS_SM, 32),
     "registers_per_sm": (L.G_REGS_SM, 65536),
     "shared_mem_per_sm_kb": (L.G_SMEM_SM_KB, 96),
+    "tdp_w": (L.G_TDP_W, 300),
 }
 
 # The GPUs `predictor predict` shows when none are named.

@@ -1,0 +1,134 @@
+"""Load the NeuSight per-kernel measurements into OpTable-shaped arrays.
+
+Each measured op becomes one row with the same family code and dims layout the
+lowering produces for a traced graph, so the learned models see exactly the
+features they will see at prediction time. The data is read from a path
+(``--data DIR``); nothing from it is stored in this repository.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from predictor import hardware
+from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
+
+BINARY = ("add", "mul", "div", "pow")
+UNARY = ("addu", "mulu", "divu", "powu", "relu", "tanh", "gelu")
+OPS = ("linear", "bmm", "conv", "softmax", "ln") + BINARY + UNARY
+# FLOPs per element of each elementwise op (pow and gelu are transcendental).
+ELEM_FLOPS = {"pow": 8, "powu": 8, "gelu": 8, "tanh": 8}
+
+
+@dataclass
+class OpSamples:
+    """Measured ops as arrays: one row per measurement."""
+
+    op: np.ndarray        # object[n] source op name (linear, add, ...)
+    family: np.ndarray    # int64[n]
+    dims: np.ndarray      # int64[n, MAX_DIMS]
+    gpu: np.ndarray       # object[n] spec id
+    latency_ms: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.op)
+
+    def subset(self, mask: np.ndarray) -> "OpSamples":
+        return OpSamples(self.op[mask], self.family[mask], self.dims[mask], self.gpu[mask],
+                         self.latency_ms[mask])
+
+    @staticmethod
+    def concat(parts: list["OpSamples"]) -> "OpSamples":
+        return OpSamples(*(np.concatenate([getattr(p, f) for p in parts])
+                           for f in ("op", "family", "dims", "gpu", "latency_ms")))
+
+
+def _rows(op: str, df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Family and dims of each measured op, as the lowering would write them."""
+    n = len(df)
+    dims = np.zeros((n, L.MAX_DIMS), dtype=np.int64)
+    if op in ("linear", "bmm"):
+        b, m, nn, k = (df[c].to_numpy(np.int64) for c in ("B", "M", "N", "K"))
+        if op == "linear":  # x[B*M, K] @ W[N, K]^T: one GEMM
+            dims[:, :4] = np.stack([np.ones(n, np.int64), b * m, nn, k], axis=1)
+        else:
+            dims[:, :4] = np.stack([b, m, nn, k], axis=1)
+        return np.full(n, L.MATMUL), dims
+    if op == "conv":
+        b = df["B"].to_numpy(np.int64)
+        c = df["Input_Channel"].to_numpy(np.int64)
+        k = df["Output_Channel"].to_numpy(np.int64)
+        r = df["Kernel_Szie"].to_numpy(np.int64)
+        h = df["Input_Size"].to_numpy(np.int64)
+        st = df["Stride"].to_numpy(np.int64)
+        pad = df["Padding"].to_numpy(np.int64)
+        p = (h + 2 * pad - r) // st + 1
+        dims[:, :11] = np.stack([b, c, h, h, k, r, r, p, p, np.ones(n, np.int64), st], axis=1)
+        return np.full(n, L.CONV), dims
+    b = df["B"].to_numpy(np.int64)
+    h = df["H"].to_numpy(np.int64)
+    numel = b * h
+    if op == "softmax":
+        fam, read, written, flops = L.SOFTMAX, numel, numel, 5 * numel
+    elif op == "ln":
+        fam, read, written, flops = L.LAYER_NORM, numel + 2 * h, numel + 2 * b, 8 * numel
+    else:
+        fam = L.ELEMENTWISE
+        read = 2 * numel if op in BINARY else numel
+        written = numel
+        flops = ELEM_FLOPS.get(op, 1) * numel
+    dims[:, L.MEM_READ] = read
+    dims[:, L.MEM_WRITTEN] = written
+    dims[:, L.MEM_FLOPS] = flops
+    dims[:, L.MEM_INNER] = h
+    dims[:, L.MEM_OUTER] = b
+    return np.full(n, fam), dims
+
+
+def _from_frame(op: str, df: pd.DataFrame) -> OpSamples:
+    fam, dims = _rows(op, df)
+    ids = {name: hardware.get(name).id for name in df["Device"].unique()}
+    gpu = df["Device"].map(ids).to_numpy(object)
+    lat = df["Latency"].to_numpy(np.float64)
+    keep = np.isfinite(lat) & (lat > 0)
+    return OpSamples(np.full(len(df), op, dtype=object)[keep], fam[keep], dims[keep], gpu[keep],
+                     lat[keep])
+
+
+def _check(data: Path) -> Path:
+    data = Path(data)
+    if not (data / "train").is_dir():
+        raise InvalidArgumentError(
+            f"{data}: not a NeuSight data folder (expected train/, test/ inside)")
+    return data
+
+
+def load_train(data: str | Path, ops=OPS) -> OpSamples:
+    data = _check(data)
+    parts = []
+    for op in ops:
+        for f in sorted((data / "train" / op).glob("*.csv")):
+            parts.append(_from_frame(op, pd.read_csv(f)))
+    return OpSamples.concat(parts)
+
+
+def load_test(data: str | Path, ops=OPS) -> OpSamples:
+    data = _check(data)
+    parts = []
+    files = {"linear": "linear", "bmm": "bmm", "softmax": "softmax", "ln": "ln"}
+    for op in ops:
+        if op in files:
+            f = data / "test" / f"{files[op]}.csv"
+            if f.exists():
+                parts.append(_from_frame(op, pd.read_csv(f)))
+    elem = data / "test" / "elem.csv"
+    if elem.exists():
+        df = pd.read_csv(elem)
+        for op in sorted(set(df["OPName"]) & set(ops)):
+            parts.append(_from_frame(op, df[df["OPName"] == op]))
+    return OpSamples.concat(parts)

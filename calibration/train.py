@@ -1,0 +1,193 @@
+"""Train the learned per-op efficiency models from measured kernels.
+
+For each model group (matmul, conv, elementwise, softmax, layer norm) a small
+network maps the features of ``predictor.kernels.features`` to an efficiency
+eta in (0, eta_max]; the predicted time of an isolated op is
+
+    t = floor + ideal_roofline_time / eta
+
+where `floor` is the fixed cost every isolated measurement carries (launch and
+event overhead, tens of microseconds in the data; inside a graph the engine
+uses the per-kernel launch cost instead). The loss is the squared log ratio of
+predicted to measured time, i.e. relative error, the quantity reported.
+
+Training uses torch (on CPU, seeded); prediction uses only the flat weight
+array and the numba forward pass in ``predictor.kernels.mlp``.
+
+    predictor train-models --data ../shared/data/neusight --out calibration/weights
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from predictor import hardware
+from predictor.calibration.datasets import OpSamples, load_train
+from predictor.kernels import features as F
+from predictor.kernels import layout as L
+from predictor.kernels.mlp import HEADER
+from predictor.kernels.roofline import P_TF32_CONV, default_params
+
+# Winograd and FFT convolutions do up to 2.25x fewer multiplies than the direct
+# formula counts for 3x3 filters, so a conv can beat "100 %" of the direct roofline.
+ETA_MAX = {F.G_CONV: 2.5}
+HIDDEN = (32, 32)
+WEIGHTS_FILE = "opmodels.npz"
+
+
+def training_params() -> np.ndarray:
+    """The dataset was measured in fp32 with TF32 off for matmul and conv alike."""
+    p = default_params()
+    p[P_TF32_CONV] = 0.0
+    return p
+
+
+@dataclass
+class GroupModel:
+    group: int
+    mean: np.ndarray
+    std: np.ndarray
+    layers: list  # [(W1, b1), (W2, b2), (w3, b3)]
+    floor_us: float
+    eta_max: float
+
+    def flat(self) -> np.ndarray:
+        (w1, b1), (w2, b2), (w3, b3) = self.layers
+        return np.concatenate([self.mean, self.std, w1.ravel(), b1, w2.ravel(), b2,
+                               w3.ravel(), np.atleast_1d(b3)]).astype(np.float64)
+
+
+def features(samples: OpSamples, params: np.ndarray | None = None):
+    """(features, ideal us, group, target us) for measured samples."""
+    params = training_params() if params is None else params
+    ids = sorted(set(samples.gpu))
+    db = hardware.database()
+    gpus = db.features([db.get(i) for i in ids])
+    index = np.array([ids.index(g) for g in samples.gpu], dtype=np.int64)
+    dtype = np.zeros(len(samples), dtype=np.int64)
+    x, ideal, group = F.feature_table(samples.family.astype(np.int64), dtype,
+                                      np.ascontiguousarray(samples.dims), gpus, index, params)
+    return x, ideal, group, samples.latency_ms * 1e3
+
+
+def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarray, *,
+              seed: int = 0, epochs: int = 60, hidden=HIDDEN, batch: int = 2048,
+              progress=None) -> GroupModel:
+    """Fit one group's network and floor by minimising squared log error."""
+    import torch
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    mean = x.mean(axis=0)
+    std = x.std(axis=0)
+    std[std < 1e-6] = 1.0
+    eta_max = ETA_MAX.get(group, 1.0)
+    xt = torch.tensor((x - mean) / std, dtype=torch.float32)
+    it = torch.tensor(ideal, dtype=torch.float32)
+    yt = torch.tensor(np.log(target_us), dtype=torch.float32)
+    h1, h2 = hidden
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], h1), torch.nn.Tanh(),
+                              torch.nn.Linear(h1, h2), torch.nn.Tanh(), torch.nn.Linear(h2, 1))
+    floor_raw = torch.nn.Parameter(torch.tensor(float(np.log(np.expm1(
+        max(np.percentile(target_us, 1) * 0.8, 1.0))))))
+    opt = torch.optim.Adam(list(net.parameters()) + [floor_raw], lr=3e-3)
+    n = len(xt)
+    steps = max(1, epochs * ((n + batch - 1) // batch))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
+    step = 0
+    for _ in range(epochs):
+        order = torch.tensor(rng.permutation(n))
+        for s in range(0, n, batch):
+            idx = order[s:s + batch]
+            eta = eta_max * torch.sigmoid(net(xt[idx]).squeeze(-1))
+            pred = torch.nn.functional.softplus(floor_raw) + it[idx] / eta
+            loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+        if progress is not None:
+            progress()
+    lin = [m for m in net if isinstance(m, torch.nn.Linear)]
+    layers = [(lin[0].weight.detach().double().numpy(), lin[0].bias.detach().double().numpy()),
+              (lin[1].weight.detach().double().numpy(), lin[1].bias.detach().double().numpy()),
+              (lin[2].weight.detach().double().numpy().ravel(),
+               float(lin[2].bias.detach().double().numpy()[0]))]
+    floor = float(torch.nn.functional.softplus(floor_raw).detach())
+    return GroupModel(group, mean, std, layers, floor, eta_max)
+
+
+def pack(models: dict[int, GroupModel]) -> np.ndarray:
+    """The flat weight array read by ``predictor.kernels.mlp``."""
+    header = np.zeros(1 + HEADER * F.N_GROUPS)
+    header[0] = F.N_GROUPS
+    body = []
+    offset = len(header)
+    for g in range(F.N_GROUPS):
+        m = models.get(g)
+        if m is None:
+            continue
+        flat = m.flat()
+        h = 1 + HEADER * g
+        header[h:h + 6] = (offset, len(m.mean), m.layers[0][0].shape[0],
+                           m.layers[1][0].shape[0], m.eta_max, m.floor_us)
+        body.append(flat)
+        offset += len(flat)
+    return np.concatenate([header, *body]) if body else header
+
+
+def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
+          progress=None) -> np.ndarray:
+    """Fit every group present in `samples`; returns the packed weights."""
+    x, ideal, group, target = features(samples)
+    models = {}
+    for g in range(F.N_GROUPS):
+        if groups is not None and g not in groups:
+            continue
+        mask = group == g
+        if mask.sum() < 50:
+            continue
+        models[g] = fit_group(g, x[mask], ideal[mask], target[mask], seed=seed + g,
+                              epochs=epochs, progress=progress)
+    return pack(models)
+
+
+def save(path: str | Path, mlp: np.ndarray, meta: dict) -> None:
+    """Write the weights atomically (npz with a JSON description)."""
+    import io
+    import os
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, mlp=mlp, meta=np.frombuffer(json.dumps(meta, sort_keys=True).encode(),
+                                              dtype=np.uint8))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def train_from_data(data: str | Path, out: str | Path, *, seed: int = 0, epochs: int = 60,
+                    progress=None) -> tuple[np.ndarray, dict]:
+    """Train on every training file of the dataset and write the weights."""
+    samples = load_train(data)
+    mlp = train(samples, seed=seed, epochs=epochs, progress=progress)
+    meta = {"format": 1, "seed": seed, "epochs": epochs, "hidden": list(HIDDEN),
+            "features": F.N_FEATURES, "groups": list(F.GROUP_NAMES),
+            "gpus": sorted(set(samples.gpu)), "samples": int(len(samples))}
+    save(Path(out) / WEIGHTS_FILE, mlp, meta)
+    return mlp, meta

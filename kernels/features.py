@@ -1,0 +1,157 @@
+"""Features of one (op, GPU) pair for the learned efficiency models.
+
+The same function builds the training features (from measured ops) and the
+prediction features (from OpTable rows), so the models see identical inputs.
+Features describe how an op meets a GPU rather than which GPU it is: the op's
+arithmetic intensity against the GPU's ridge point, how many waves its thread
+blocks take and how full the last one is, how its working set compares with
+the L2 cache, plus log-scaled dims and per-SM throughput. That is what lets a
+model trained on five GPUs say something about a sixth.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from predictor.kernels import layout as L
+from predictor.kernels.roofline import block_slots, is_gemm, peak_flops, wave_utilisation
+from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes, thread_blocks
+
+# Model groups: one small network each.
+G_NONE = -1
+G_MATMUL = 0
+G_CONV = 1
+G_ELEMENTWISE = 2
+G_SOFTMAX = 3
+G_LAYER_NORM = 4
+N_GROUPS = 5
+GROUP_NAMES = ("matmul", "conv", "elementwise", "softmax", "layer_norm")
+
+N_FEATURES = 27
+
+# Output tiles cuBLAS/cuDNN choose between (rows, cols, blocks resident per SM).
+TILES = ((32, 32, 4), (64, 64, 2), (128, 64, 2), (128, 128, 1), (256, 128, 1))
+
+
+@njit(cache=True)
+def group_of(family):
+    """Which learned model serves a family (G_NONE: analytical only)."""
+    if family == L.MATMUL:
+        return G_MATMUL
+    if family == L.CONV or family == L.CONV_DGRAD or family == L.CONV_WGRAD:
+        return G_CONV
+    if family == L.SOFTMAX or family == L.SOFTMAX_BWD:
+        return G_SOFTMAX
+    if family == L.LAYER_NORM or family == L.LAYER_NORM_BWD:
+        return G_LAYER_NORM
+    if family == L.ELEMENTWISE or family == L.DROPOUT or family == L.COPY \
+            or family == L.FILL or family == L.LOSS or family == L.OPTIMIZER \
+            or family == L.UNSUPPORTED:
+        return G_ELEMENTWISE
+    return G_NONE
+
+
+@njit(cache=True)
+def _lg(x):
+    return math.log2(max(x, 1e-30))
+
+
+@njit(cache=True)
+def _pow2(x):
+    """How many times 2 divides x, capped at 7 (128): alignment decides whether
+    a GEMM or elementwise kernel gets its vectorised, full-tile path."""
+    x = max(int(x), 1)
+    n = 0
+    while n < 7 and x % 2 == 0:
+        x //= 2
+        n += 1
+    return n / 7.0
+
+
+@njit(cache=True)
+def ideal_us(family, dtype_code, d, gpu, params):
+    """Roofline time with perfect efficiency and no quantization (us)."""
+    flops, elems = flops_and_elems(family, d)
+    nbytes = elems * row_elem_bytes(dtype_code)
+    t_c = flops / peak_flops(gpu, family, dtype_code, params) * 1e6
+    t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+    return max(t_c, t_m, 1e-6)
+
+
+@njit(cache=True)
+def row_features(family, dtype_code, d, gpu, params, out):
+    """Fill `out[:N_FEATURES]` for one row on one GPU."""
+    flops, elems = flops_and_elems(family, d)
+    nbytes = elems * row_elem_bytes(dtype_code)
+    peak = peak_flops(gpu, family, dtype_code, params)
+    bw = gpu[L.G_MEM_BW_GBS] * 1e9
+    sms = gpu[L.G_SMS]
+    blocks, per_sm, threads = thread_blocks(family, d)
+    slots = block_slots(gpu, per_sm, threads)
+    waves = (blocks + slots - 1) // slots
+    for j in range(N_FEATURES):
+        out[j] = 0.0
+    # How the op meets the GPU.
+    out[0] = _lg(flops + 1.0) - _lg(peak) + 20.0           # log2 compute time (~us)
+    out[1] = _lg(nbytes + 1.0) - _lg(bw) + 20.0             # log2 memory time (~us)
+    out[2] = _lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw)   # intensity vs ridge
+    out[3] = _lg(blocks / sms)
+    out[4] = wave_utilisation(blocks, slots)
+    out[5] = _lg(waves)
+    out[6] = _lg(nbytes / (gpu[L.G_L2_MB] * 1048576.0))
+    # The GPU, per SM (what a kernel's blocks see).
+    out[7] = _lg(peak / sms) - 30.0
+    out[8] = _lg(bw / sms) - 30.0
+    out[9] = _lg(sms)
+    out[10] = _lg(gpu[L.G_CLOCK_MHZ])
+    # Board power: 70-75 W cards (T4, P4, L4) cannot hold their boost clock on
+    # long dense kernels. Clamped so that 250 W and 700 W boards look alike.
+    out[26] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
+    # The op's own shape.
+    if is_gemm(family):
+        bt, m, n, k = gemm_shape(family, d)
+        out[11] = _lg(bt)
+        out[12] = _lg(m)
+        out[13] = _lg(n)
+        out[14] = _lg(k)
+        out[15] = _pow2(m)
+        out[16] = _pow2(n)
+        out[17] = _pow2(k)
+        if family != L.MATMUL:
+            out[18] = _lg(d[5])            # kernel size
+            out[19] = _lg(d[10])           # stride
+        # Wave quantization under each candidate tile: the library picks one of
+        # these, and which one leaves the GPU emptiest is what costs time.
+        for t in range(len(TILES)):
+            tm, tn, per = TILES[t]
+            tiles = bt * ((m + tm - 1) // tm) * ((n + tn - 1) // tn)
+            tslots = int(sms) * per
+            out[20 + t] = wave_utilisation(tiles, tslots)
+        out[25] = _lg(2.0 * m * n * k / (m * n + n * k + m * k))  # GEMM intensity (flop/elem)
+    else:
+        inner = max(d[L.MEM_INNER], 1)
+        outer = max(d[L.MEM_OUTER], 1)
+        out[11] = _lg(elems)
+        out[12] = _lg(inner)
+        out[13] = _lg(outer)
+        out[14] = _lg(d[L.MEM_READ] / max(d[L.MEM_WRITTEN], 1))
+        out[15] = _pow2(inner)
+        out[16] = _lg(flops / max(elems, 1.0) + 1.0)
+    return group_of(family)
+
+
+@njit(cache=True)
+def feature_table(family, dtype, dims, gpus, gpu_index, params):
+    """Features and ideal times for many (row, GPU) pairs (training, accuracy)."""
+    n = family.shape[0]
+    x = np.zeros((n, N_FEATURES))
+    ideal = np.empty(n)
+    group = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        gpu = gpus[gpu_index[i]]
+        group[i] = row_features(family[i], dtype[i], dims[i], gpu, params, x[i])
+        ideal[i] = ideal_us(family[i], dtype[i], dims[i], gpu, params)
+    return x, ideal, group

@@ -1,0 +1,69 @@
+"""Forward pass of the small per-group networks from one flat weight array.
+
+Layout of `mlp` (float64), written by ``predictor.calibration.train``:
+
+    [0]                      number of groups G
+    [1 + 8*g : 9 + 8*g]      header of group g: offset, n_in, h1, h2, eta_max,
+                             floor_us, 0, 0   (offset 0: no model for the group)
+    [offset ...]             mean[n_in], std[n_in], W1[h1, n_in], b1[h1],
+                             W2[h2, h1], b2[h2], w3[h2], b3
+
+The output is an efficiency in (0, eta_max]: a sigmoid of the last layer,
+scaled. eta_max is 1 except where an algorithm does fewer FLOPs than the
+direct formula counts (Winograd convolutions).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+HEADER = 8
+
+
+@njit(cache=True)
+def has_group(mlp, group):
+    if mlp.shape[0] == 0 or group < 0 or group >= int(mlp[0]):
+        return False
+    return mlp[1 + HEADER * group] > 0
+
+
+@njit(cache=True)
+def floor_us(mlp, group):
+    """The fixed per-op cost of an isolated measurement of this group (us)."""
+    return mlp[1 + HEADER * group + 5]
+
+
+@njit(cache=True)
+def efficiency(mlp, group, x, hidden):
+    """eta in (0, eta_max] for one feature vector `x` (`hidden`: scratch, >= h1)."""
+    h = 1 + HEADER * group
+    off = int(mlp[h])
+    n_in = int(mlp[h + 1])
+    h1 = int(mlp[h + 2])
+    h2 = int(mlp[h + 3])
+    eta_max = mlp[h + 4]
+    mean = off
+    std = mean + n_in
+    w1 = std + n_in
+    b1 = w1 + h1 * n_in
+    w2 = b1 + h1
+    b2 = w2 + h2 * h1
+    w3 = b2 + h2
+    b3 = w3 + h2
+    # tanh activations: cheap, smooth, and bounded for inputs far outside training.
+    z = mlp[b3]
+    for j in range(h1):
+        s = mlp[b1 + j]
+        row = w1 + j * n_in
+        for i in range(n_in):
+            s += mlp[row + i] * (x[i] - mlp[mean + i]) / mlp[std + i]
+        hidden[j] = math.tanh(s)
+    for j in range(h2):
+        s = mlp[b2 + j]
+        row = w2 + j * h1
+        for i in range(h1):
+            s += mlp[row + i] * hidden[i]
+        z += mlp[w3 + j] * math.tanh(s)
+    return eta_max / (1.0 + math.exp(-z))

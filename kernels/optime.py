@@ -1,0 +1,68 @@
+"""The per-op time the engine uses: a learned efficiency applied to the ideal
+roofline time where a model for the op's group exists, else the analytical
+roofline with wave quantization.
+
+    t = ideal / eta(features) + kernels * launch            (learned)
+    t = analytical roofline (predictor.kernels.roofline)     (otherwise)
+
+eta is bounded in (0, eta_max], so a GPU with more bandwidth or FLOP/s can
+never be predicted absurdly: the ideal time shrinks and eta stays bounded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from predictor.kernels import layout as L
+from predictor.kernels.features import N_FEATURES, group_of, ideal_us, row_features
+from predictor.kernels.mlp import efficiency, floor_us, has_group
+from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
+from predictor.kernels.roofline import op_time_us as analytical_time_us
+
+MAX_HIDDEN = 128
+
+
+@njit(cache=True)
+def is_learned(family, mlp):
+    return has_group(mlp, group_of(family))
+
+
+@njit(cache=True)
+def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
+    """Time of one execution of a row on one GPU, microseconds."""
+    group = group_of(family)
+    if not has_group(mlp, group):
+        return analytical_time_us(family, dtype_code, kernels, d, gpu, params, mlp)
+    x = np.empty(N_FEATURES)
+    hidden = np.empty(MAX_HIDDEN)
+    row_features(family, dtype_code, d, gpu, params, x)
+    eta = efficiency(mlp, group, x, hidden)
+    t = ideal_us(family, dtype_code, d, gpu, params) / eta + kernels * params[P_LAUNCH_US]
+    if family == L.LSTM or family == L.LSTM_BWD:
+        t += d[0] * params[P_LSTM_STEP_US]
+    return t
+
+
+@njit(cache=True)
+def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
+    """Time of one op measured on its own (as in a per-op benchmark): the
+    learned model plus the group's fixed per-measurement floor; the analytical
+    model with one launch otherwise."""
+    group = group_of(family)
+    if not has_group(mlp, group):
+        return analytical_time_us(family, dtype_code, 1, d, gpu, params, mlp)
+    x = np.empty(N_FEATURES)
+    hidden = np.empty(MAX_HIDDEN)
+    row_features(family, dtype_code, d, gpu, params, x)
+    eta = efficiency(mlp, group, x, hidden)
+    return floor_us(mlp, group) + ideal_us(family, dtype_code, d, gpu, params) / eta
+
+
+@njit(cache=True)
+def isolated_times_us(family, dtype, dims, gpus, gpu_index, params, mlp):
+    """Vectorised isolated_time_us over rows (each with its own GPU)."""
+    out = np.empty(family.shape[0])
+    for i in range(family.shape[0]):
+        out[i] = isolated_time_us(family[i], dtype[i], dims[i], gpus[gpu_index[i]], params, mlp)
+    return out

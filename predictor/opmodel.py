@@ -1,0 +1,190 @@
+"""The per-op models: shipped learned weights, and the per-op prediction API.
+
+``predict_op("linear", [(4096, 1024), (4096, 1024)], "H100-SXM5-80GB")`` runs
+the op once on ``meta`` tensors to record the aten calls it makes, lowers them
+through the same op-family registry as a traced graph, and returns the time of
+an isolated execution (what a per-op benchmark measures, fixed per-call
+overhead included). ``predict_rows`` is the vectorised form over OpTable-shaped
+arrays (the accuracy harness uses it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any, Sequence
+
+import numpy as np
+
+from predictor import hardware
+from predictor.errors import InvalidArgumentError, PredictorError
+from predictor.kernels import layout as L
+from predictor.kernels.optime import isolated_times_us
+from predictor.kernels.roofline import default_params
+
+WEIGHTS = "opmodels.npz"
+
+
+class WeightsError(PredictorError):
+    """The shipped or user-given weights file cannot be used."""
+
+
+def read_weights(path) -> tuple[np.ndarray, dict]:
+    """Load a weights file written by ``predictor train-models``."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            mlp = np.asarray(z["mlp"], dtype=np.float64)
+            meta = json.loads(bytes(z["meta"]).decode())
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise WeightsError(f"{path}: not a readable op-model weights file ({exc})") from exc
+    if mlp.ndim != 1 or not np.isfinite(mlp).all() or meta.get("format") != 1:
+        raise WeightsError(f"{path}: op-model weights file has an unknown format")
+    from predictor.kernels.features import N_FEATURES
+
+    if meta.get("features") != N_FEATURES:
+        raise WeightsError(f"{path}: weights were trained for {meta.get('features')} features, "
+                           f"this version builds {N_FEATURES}; run `predictor train-models`")
+    return mlp, meta
+
+
+@functools.lru_cache(maxsize=1)
+def shipped() -> tuple[np.ndarray, dict]:
+    """The weights shipped with the package (empty: analytical model only)."""
+    ref = resources.files("predictor.calibration").joinpath("weights", WEIGHTS)
+    if not ref.is_file():
+        return np.zeros(0), {}
+    with resources.as_file(ref) as path:
+        return read_weights(path)
+
+
+def weights() -> np.ndarray:
+    return shipped()[0]
+
+
+def predict_rows(family: np.ndarray, dims: np.ndarray, gpus: Sequence[str] | str,
+                 dtype: np.ndarray | None = None, *, mlp: np.ndarray | None = None,
+                 params: np.ndarray | None = None) -> np.ndarray:
+    """Isolated-op time (ms) of each row on its GPU (one id, or one per row)."""
+    family = np.ascontiguousarray(family, dtype=np.int64)
+    dims = np.ascontiguousarray(dims, dtype=np.int64)
+    if isinstance(gpus, str):
+        gpus = [gpus] * len(family)
+    ids = list(dict.fromkeys(gpus))
+    db = hardware.database()
+    feats = db.features([db.get(g) for g in ids])
+    index = np.array([ids.index(g) for g in gpus], dtype=np.int64)
+    dtype = np.zeros(len(family), np.int64) if dtype is None else np.asarray(dtype, np.int64)
+    params = default_params() if params is None else params
+    mlp = weights() if mlp is None else mlp
+    return isolated_times_us(family, dtype, dims, feats, index, params, mlp) * 1e-3
+
+
+# ---------------------------------------------------------------- predict_op --
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def _op_call(op: str, tensors: list, attrs: dict):
+    """A callable that runs `op` on meta tensors the way PyTorch users call it."""
+    import torch
+    import torch.nn.functional as F
+
+    name = op.lower()
+    scalar = attrs.pop("scalar", False)
+    if name == "linear":
+        return lambda: F.linear(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None)
+    if name in ("matmul", "mm"):
+        return lambda: torch.matmul(tensors[0], tensors[1])
+    if name == "bmm":
+        return lambda: torch.bmm(tensors[0], tensors[1])
+    if name in ("conv2d", "conv"):
+        kw = {k: attrs[k] for k in ("stride", "padding", "dilation", "groups") if k in attrs}
+        return lambda: F.conv2d(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None,
+                                **kw)
+    if name == "softmax":
+        return lambda: torch.softmax(tensors[0], dim=attrs.get("dim", -1))
+    if name in ("layer_norm", "layernorm", "ln"):
+        shape = attrs.get("normalized_shape", (tensors[0].shape[-1],))
+        return lambda: F.layer_norm(tensors[0], tuple(shape))
+    fn = getattr(torch, name, None) or getattr(F, name, None)
+    if fn is None or not callable(fn):
+        raise InvalidArgumentError(f"unknown op {op!r}; use an aten/torch function name such as "
+                                   "linear, bmm, conv2d, add, mul, relu, softmax, layer_norm")
+    if scalar:
+        return lambda: fn(tensors[0], attrs.get("value", 2.0))
+    return lambda: fn(*tensors)
+
+
+def _record_rows(call) -> list:
+    """Run `call` under a dispatch mode and lower every aten call it makes."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from predictor import families
+
+    calls = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            calls.append((func, args, kwargs or {}, out))
+            return out
+
+    with Recorder():
+        call()
+
+    def conv(x):
+        if isinstance(x, torch.Tensor):
+            return families.T(tuple(int(s) for s in x.shape), x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(conv(i) for i in x)
+        return x
+
+    rows = []
+    for func, args, kwargs, out in calls:
+        if families.lookup(func) is None and families.is_free(func):
+            continue
+        extracted, _ = families.extract(func, conv(args), {k: conv(v) for k, v in kwargs.items()},
+                                        conv(out))
+        rows.extend(extracted)
+    return rows
+
+
+def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = "float32",
+               **attrs: Any) -> float:
+    """Predicted time (ms) of one isolated op on `gpu`.
+
+    Examples: ``predict_op("linear", [(B*M, K), (N, K)], "H100-SXM5-80GB")``,
+    ``predict_op("conv2d", [(B, C, H, W), (Cout, C, 3, 3)], "T4", stride=1, padding=1)``,
+    ``predict_op("mul", [(B, H)], "L4", scalar=True)``,
+    ``predict_op("softmax", [(B, H)], "A100", dim=-1)``.
+    """
+    import torch
+
+    from predictor.lowering import dtype_code
+
+    hardware.get(gpu)  # unknown GPU -> clear error before any work
+    if dtype not in _DTYPES:
+        raise InvalidArgumentError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
+    tdt = getattr(torch, _DTYPES[dtype])
+    try:
+        tensors = [torch.empty(tuple(int(s) for s in shape), dtype=tdt, device="meta")
+                   for shape in shapes]
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidArgumentError(f"bad shapes {shapes!r}: {exc}") from exc
+    call = _op_call(op, tensors, dict(attrs))
+    try:
+        rows = _record_rows(call)
+    except RuntimeError as exc:
+        raise InvalidArgumentError(f"{op} does not accept shapes {list(shapes)}: "
+                                   f"{str(exc).splitlines()[0]}") from exc
+    if not rows:
+        return 0.0
+    fam = np.array([r[0] for r in rows], dtype=np.int64)
+    dims = np.zeros((len(rows), L.MAX_DIMS), dtype=np.int64)
+    for i, (_, d, _) in enumerate(rows):
+        dims[i, :len(d)] = d
+    code = np.full(len(rows), dtype_code(tdt), dtype=np.int64)
+    return float(predict_rows(fam, dims, gpu, code).sum())
