@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from predictor import hardware as gpudb
+from predictor import memory as memmodel
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
@@ -65,8 +66,13 @@ def _batches(graph: Graph, batch_sizes: Iterable[int] | int | None) -> np.ndarra
 
 def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
           batch_sizes: Iterable[int] | int | None = None, *, dtype=None,
-          tf32_matmul: bool | None = None, tf32_conv: bool | None = None) -> SweepResult:
-    """Times of the traced step for every (GPU, batch size)."""
+          tf32_matmul: bool | None = None, tf32_conv: bool | None = None,
+          max_memory_fraction: float = memmodel.DEFAULT_MAX_MEMORY_FRACTION) -> SweepResult:
+    """Times (and peak memory) of the traced step for every (GPU, batch size).
+
+    max_memory_fraction: a configuration fits when its predicted peak memory is
+        at most this fraction of the GPU's memory (see predictor.memory).
+    """
     db = gpudb.database()
     chosen = db.resolve(gpus)
     batches = _batches(graph, batch_sizes)
@@ -77,17 +83,30 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
     out = np.zeros((len(chosen), len(batches), len(L.PHASE_NAMES)))
     evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
                   ops.dslope, batches, feats, params, _NO_MLP, *_NO_CALIBRATION, out)
+    mem = _memory(graph, chosen, batches, code, max_memory_fraction)
     return SweepResult(model=graph.name, gpus=[g.id for g in chosen], batch_sizes=batches,
-                       phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen])
+                       phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen],
+                       memory_bytes=mem, memory_capacity_gb=[g.memory_gb for g in chosen],
+                       max_memory_fraction=max_memory_fraction)
+
+
+def _memory(graph: Graph, chosen, batches: np.ndarray, code: int | None,
+            fraction: float) -> np.ndarray | None:
+    """Peak device memory [gpu, batch] in bytes, kept apart from the time
+    kernels (None when the graph has no memory profile)."""
+    memmodel.check_fraction(fraction)
+    return memmodel.evaluate(graph, chosen, batches, code)
 
 
 def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None = None,
             dtype=None, tf32_matmul: bool | None = None,
-            tf32_conv: bool | None = None) -> Prediction:
+            tf32_conv: bool | None = None,
+            max_memory_fraction: float = memmodel.DEFAULT_MAX_MEMORY_FRACTION) -> Prediction:
     """Predicted time of one iteration of `graph` on `gpu` at `batch_size`."""
     g = gpudb.get(gpu)
     b = graph.check_batch(batch_size)
-    res = sweep(graph, [g.id], [b], dtype=dtype, tf32_matmul=tf32_matmul, tf32_conv=tf32_conv)
+    res = sweep(graph, [g.id], [b], dtype=dtype, tf32_matmul=tf32_matmul, tf32_conv=tf32_conv,
+                max_memory_fraction=max_memory_fraction)
     code = _dtype_code(dtype)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     per_op = np.zeros(len(ops))
@@ -97,4 +116,6 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
     fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
     return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
                       backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,
-                      op_us=per_op, unsupported=dict(graph.unsupported))
+                      op_us=per_op, unsupported=dict(graph.unsupported),
+                      memory_gb=None if res.memory_bytes is None else float(res.memory_gb[0, 0]),
+                      memory_capacity_gb=g.memory_gb, max_memory_fraction=max_memory_fraction)

@@ -50,6 +50,17 @@ class Prediction:
     op_table: Any = field(repr=False, default=None)
     op_us: np.ndarray | None = field(repr=False, default=None)
     unsupported: dict[str, int] = field(default_factory=dict)
+    # Predicted peak device memory in GiB (predictor.memory); None: not modelled.
+    memory_gb: float | None = None
+    memory_capacity_gb: float | None = None
+    max_memory_fraction: float = 0.9
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the peak fits in max_memory_fraction of the GPU's memory."""
+        if self.memory_gb is None or self.memory_capacity_gb is None:
+            return None
+        return self.memory_gb <= self.max_memory_fraction * self.memory_capacity_gb
 
     @property
     def iteration_ms(self) -> float:
@@ -100,6 +111,8 @@ class Prediction:
             "backward_ms": self.backward_ms,
             "optimizer_ms": self.optimizer_ms,
             "throughput": self.throughput,
+            "memory_gb": self.memory_gb,
+            "fits": self.fits,
         }
 
     def __repr__(self) -> str:
@@ -119,6 +132,26 @@ class SweepResult:
     phase_ms: np.ndarray  # [gpu, batch, phase]
     mode: str = "train"
     prices: list[float | None] = field(default_factory=list)
+    # Peak device memory [gpu, batch] in bytes (predictor.memory); None: not modelled.
+    memory_bytes: np.ndarray | None = None
+    memory_capacity_gb: list[float] = field(default_factory=list)
+    max_memory_fraction: float = 0.9
+
+    @property
+    def memory_gb(self) -> np.ndarray:
+        """Predicted peak device memory [gpu, batch] in GiB (NaN: not modelled)."""
+        if self.memory_bytes is None:
+            return np.full(self.phase_ms.shape[:2], np.nan)
+        return self.memory_bytes / float(1 << 30)
+
+    @property
+    def fits(self) -> np.ndarray:
+        """[gpu, batch]: peak memory within max_memory_fraction of each GPU's
+        memory (True where memory is not modelled)."""
+        if self.memory_bytes is None or not self.memory_capacity_gb:
+            return np.ones(self.phase_ms.shape[:2], dtype=bool)
+        cap = np.asarray(self.memory_capacity_gb, dtype=np.float64)[:, None]
+        return self.memory_gb <= self.max_memory_fraction * cap
 
     @property
     def forward_ms(self) -> np.ndarray:
@@ -155,6 +188,8 @@ class SweepResult:
             "backward_ms": self.backward_ms.ravel(),
             "optimizer_ms": self.optimizer_ms.ravel(),
             "throughput": self.throughput.ravel(),
+            "memory_gb": self.memory_gb.ravel(),
+            "fits": self.fits.ravel(),
         })
 
     def best(self, objective: str = "throughput"):

@@ -25,6 +25,7 @@ from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
+from predictor import memory
 from predictor.frontend import optimizers
 from predictor.lowering import lower
 from predictor.optable import Graph
@@ -278,13 +279,15 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
             f"could not trace {spec.name}: {_one_line(exc)} (check the example inputs' shapes; "
             "data-dependent control flow cannot be traced)") from exc
     lowered = lower(gm, marks, sentinel, spec.batch_size)
+    mem = memory.profile(gm, marks if mode == "train" else (), sentinel)
     return Graph(
         name=spec.name, ops=lowered.table, batch_size=spec.batch_size, mode=mode,
         optimizer=optimizer, seq_len=spec.seq_len, parameters=counts[0],
         trainable_parameters=counts[1], parameter_bytes=counts[2],
         unsupported=lowered.unsupported,
         batch_scalable=lowered.batch_scalable and sentinel is not None,
-        trace_seconds=time.perf_counter() - start, torch_version=torch.__version__)
+        trace_seconds=time.perf_counter() - start, torch_version=torch.__version__,
+        memory=mem)
 
 
 def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel: int | None):
