@@ -14,11 +14,13 @@ out for it:
   ``out_ms[g0:g1, b, :]`` slice, so no two threads touch the same cell;
 - inside a task a row's dims are computed once per batch size and reused for
   every GPU of the block (GPU innermost);
+- rows whose dims do not change with the batch size (optimizer steps, fills)
+  are evaluated once per GPU and added to every batch size;
 - the calibration denominators ``f(row at cal_batch, origin)`` depend on the
   row alone and are computed once per call, not once per configuration.
 
-Scratch memory is O(rows) (the denominators) plus one dims vector per task:
-it does not grow with the number of configurations.
+Scratch memory is O(rows + GPUs) plus one dims vector per task: it does not
+grow with the number of configurations.
 """
 
 from __future__ import annotations
@@ -70,22 +72,61 @@ def calibration_denominators(family, dtype, kernels, dbase, dslope, params, mlp,
 
 
 @njit(cache=True)
-def _evaluate_block(bi, g0, g1, family, phase, dtype, count, kernels, dbase, dslope, batches,
-                    gpus, params, mlp, cal_us, t0, out_ms):
-    """out_ms[g0:g1, bi, :] += every row at batches[bi] on gpus[g0:g1]."""
+def split_rows(dslope):
+    """(rows whose dims change with the batch size, rows whose dims do not)."""
+    n = dslope.shape[0]
+    scaling = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        for j in range(dslope.shape[1]):
+            if dslope[i, j] != 0:
+                scaling[i] = True
+                break
+    return np.nonzero(scaling)[0], np.nonzero(~scaling)[0]
+
+
+@njit(cache=True)
+def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, mlp, cal_us, t0,
+             out, bi):
+    """out[g, bi, phase[i]] += row i with dims `d` on each of gpus[g0:g1] (ms)."""
+    fam, dt, kern, ph = family[i], dtype[i], kernels[i], phase[i]
+    ms_per_us = count[i] * 1e-3
+    scaled = cal_us.shape[0] > 0 and cal_us[i] > 0.0
+    for g in range(g0, g1):
+        t = op_time_us(fam, dt, kern, d, gpus[g], params, mlp)
+        if scaled:
+            t = cal_us[i] * t / t0[i]
+        out[g, bi, ph] += t * ms_per_us
+
+
+@njit(cache=True)
+def _fixed_rows_ms(rows, family, phase, dtype, count, kernels, dbase, dslope, gpus, params, mlp,
+                   cal_us, t0, n_phases):
+    """[gpu, 1, phase] time of the rows whose dims do not change with the batch
+    size (optimizer steps, fills): the same at every batch size, so evaluated
+    once per GPU instead of once per configuration."""
+    out = np.zeros((gpus.shape[0], 1, n_phases))
     d = np.empty(dbase.shape[1], dtype=np.int64)
-    calibrated = cal_us.shape[0] > 0
+    for i in rows:
+        dims_at(dbase, dslope, i, 0, d)
+        _add_row(i, d, 0, gpus.shape[0], family, phase, dtype, count, kernels, gpus, params, mlp,
+                 cal_us, t0, out, 0)
+    return out
+
+
+@njit(cache=True)
+def _evaluate_block(bi, g0, g1, rows, fixed_ms, family, phase, dtype, count, kernels, dbase,
+                    dslope, batches, gpus, params, mlp, cal_us, t0, out_ms):
+    """out_ms[g0:g1, bi, :] += the fixed rows' time + every row of `rows` at
+    batches[bi], on gpus[g0:g1]."""
+    for g in range(g0, g1):
+        for ph in range(out_ms.shape[2]):
+            out_ms[g, bi, ph] += fixed_ms[g, 0, ph]
+    d = np.empty(dbase.shape[1], dtype=np.int64)
     batch = batches[bi]
-    for i in range(family.shape[0]):
-        dims_at(dbase, dslope, i, batch, d)
-        fam, dt, kern, ph = family[i], dtype[i], kernels[i], phase[i]
-        ms_per_us = count[i] * 1e-3
-        scaled = calibrated and cal_us[i] > 0.0
-        for g in range(g0, g1):
-            t = op_time_us(fam, dt, kern, d, gpus[g], params, mlp)
-            if scaled:
-                t = cal_us[i] * t / t0[i]
-            out_ms[g, bi, ph] += t * ms_per_us
+    for i in rows:
+        dims_at(dbase, dslope, i, batch, d)  # once per batch size, for every GPU
+        _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, mlp, cal_us,
+                 t0, out_ms, bi)
 
 
 @njit(cache=True, parallel=True)
@@ -98,11 +139,14 @@ def evaluate_grid(family, phase, dtype, count, kernels, dbase, dslope, batches, 
         return
     t0 = calibration_denominators(family, dtype, kernels, dbase, dslope, params, mlp, cal_us,
                                   cal_batch, origin)
-    if family.shape[0] * ng * nb < _MIN_PARALLEL_WORK:
+    scaling, fixed = split_rows(dslope)
+    fixed_ms = _fixed_rows_ms(fixed, family, phase, dtype, count, kernels, dbase, dslope, gpus,
+                              params, mlp, cal_us, t0, out_ms.shape[2])
+    if scaling.shape[0] * ng * nb < _MIN_PARALLEL_WORK:
         # Waking the worker threads costs more than a small grid takes.
         for bi in range(nb):
-            _evaluate_block(bi, 0, ng, family, phase, dtype, count, kernels, dbase, dslope,
-                            batches, gpus, params, mlp, cal_us, t0, out_ms)
+            _evaluate_block(bi, 0, ng, scaling, fixed_ms, family, phase, dtype, count, kernels,
+                            dbase, dslope, batches, gpus, params, mlp, cal_us, t0, out_ms)
         return
     # GPU blocks per batch size: one when the batch sizes alone fill the threads.
     blocks = min(ng, max(1, (_MIN_TASKS + nb - 1) // nb))
@@ -111,8 +155,8 @@ def evaluate_grid(family, phase, dtype, count, kernels, dbase, dslope, batches, 
         k = task - bi * blocks
         g0 = k * ng // blocks
         g1 = (k + 1) * ng // blocks
-        _evaluate_block(bi, g0, g1, family, phase, dtype, count, kernels, dbase, dslope,
-                        batches, gpus, params, mlp, cal_us, t0, out_ms)
+        _evaluate_block(bi, g0, g1, scaling, fixed_ms, family, phase, dtype, count, kernels,
+                        dbase, dslope, batches, gpus, params, mlp, cal_us, t0, out_ms)
 
 
 @njit(cache=True)
