@@ -1,0 +1,215 @@
+"""Calibrate once on the local device (Habitat's idea on our op list).
+
+``calibrate(graph)`` times every distinct row of the graph's OpTable on the
+local device (CUDA when present, else the CPU) at one or more batch sizes,
+times the real training step at the same batch sizes, and returns a
+:class:`~predictor.calibration.file.Calibration`. The engine then predicts
+each op as *measured x f(target) / f(origin)*, with ``f`` the pure-mode model:
+the model's bias cancels in the ratio.
+
+    >>> g = predictor.trace(model, inputs)
+    >>> cal = predictor.calibrate(g)                      # minutes at most
+    >>> cal.save("my_model.cal.npz")
+    >>> predictor.predict(g, "H100-SXM5-80GB", calibration=cal, batch_size=256)
+    >>> predictor.predict(g, cal.device, calibration=cal, batch_size=4 * g.batch_size)
+
+The sum of per-op times is not the iteration: between ops the host runs
+Python, autograd and the allocator (and a GPU may wait for launches). That
+difference is measured and modelled explicitly (``Calibration.overhead``:
+``real = (1 + scale) * ops + fixed_ms``, fitted over the calibrated batch
+sizes) and added back on the calibrated device.
+
+A CPU calibration describes that CPU only: its measurements are scaled to
+other batch sizes on the same CPU, never to a GPU (no ratio of two models
+bridges a CPU and a GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
+
+# Timing samples per op (each sample is at least `MIN_SAMPLE_S` long).
+DEFAULT_REPEATS = {"cpu": 5, "cuda": 15}
+MIN_SAMPLE_S = {"cpu": 2e-3, "cuda": 1e-3}
+
+
+def _batch_sizes(graph, batch_sizes: Iterable[int] | int | None) -> list[int]:
+    if batch_sizes is None:
+        b = graph.batch_size
+        # Two batch sizes let the overhead model separate fixed from
+        # proportional costs; a graph that does not rescale has one.
+        return [b, 2 * b] if graph.batch_scalable else [b]
+    if isinstance(batch_sizes, (int, np.integer)):
+        batch_sizes = [int(batch_sizes)]
+    out = sorted({graph.check_batch(int(b)) for b in batch_sizes})
+    if not out:
+        raise InvalidArgumentError("no calibration batch size given")
+    return out
+
+
+def model_params_for(device_info, params: np.ndarray) -> np.ndarray:
+    """The per-op model's parameters for ratios anchored on `device_info`.
+
+    On a CPU every op pays the dispatcher's fixed cost, which plays the role of
+    a GPU's launch overhead in the model: the measured value replaces it, so
+    the ratio of a small op at two batch sizes keeps its fixed part."""
+    from predictor.kernels.roofline import P_LAUNCH_US
+
+    p = np.array(params, dtype=np.float64, copy=True)
+    if device_info.is_cpu and device_info.op_overhead_us:
+        p[P_LAUNCH_US] = float(device_info.op_overhead_us)
+    return p
+
+
+def origin_model_us(ops, batch: int, device_info, params: np.ndarray) -> np.ndarray:
+    """Pure-model time of one execution of every row at `batch` on the
+    calibrated device (for rows that could not be measured)."""
+    from predictor.kernels.grid import evaluate_ops
+
+    out = np.zeros(len(ops))
+    none = (np.zeros(0), np.zeros(0, dtype=np.int64), device_info.features)
+    evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(batch),
+                 device_info.features, model_params_for(device_info, params), np.zeros(0),
+                 *none, out)
+    return out
+
+
+def _settings(device, device_info, clock: str, repeats: int, graph) -> dict:
+    import torch
+
+    cuda = torch.version.cuda if device.type == "cuda" else None
+    cudnn = torch.backends.cudnn.version() if device.type == "cuda" else None
+    return {
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "cudnn": cudnn,
+        "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
+        "dtypes": sorted({L.DTYPE_NAMES[int(c)] for c in np.unique(graph.ops.dtype)}),
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_conv": bool(torch.backends.cudnn.allow_tf32),
+        "threads": torch.get_num_threads(),
+        "clock": clock if device.type == "cpu" else "cuda-events",
+        "repeats": repeats,
+        "mode": graph.mode,
+        "optimizer": graph.optimizer,
+        "seq_len": graph.seq_len,
+        "traced_with_torch": graph.torch_version,
+    }
+
+
+def calibrate(graph, *, device=None, repeats: int | None = None,
+              batch_sizes: Iterable[int] | int | None = None, iterations: int = 5,
+              measure_iteration: bool = True, spec_id: str | None = None,
+              clock: str = "wall", threads: int | None = None, progress: bool = True):
+    """Measure `graph`'s ops (and its real step) on the local device.
+
+    device: "cpu", "cuda", "cuda:1", a torch.device, or None (CUDA when present).
+    repeats: timing samples per op (median); default 5 on a CPU, 15 on CUDA.
+    batch_sizes: where to measure; default the graph's batch size and twice it.
+    iterations: timed real iterations per batch size (median, after 2 warm-ups).
+    measure_iteration: also time the real step (needs the model's source; a
+        graph loaded from a file has none, and the overhead model stays empty).
+    spec_id: the GPU's id in the spec database when its name does not match one.
+    clock: CPU timer, "wall" or "cpu" (process CPU time: robust on a shared
+        machine when torch runs one thread).
+    threads: torch's CPU threads while measuring (restored afterwards); the
+        calibration describes the device at that thread count. Default: as set.
+    """
+    import torch
+
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return calibrate(graph, device=device, repeats=repeats, batch_sizes=batch_sizes,
+                             iterations=iterations, measure_iteration=measure_iteration,
+                             spec_id=spec_id, clock=clock, progress=progress)
+        finally:
+            torch.set_num_threads(before)
+
+    from predictor.calibration.device import probe, resolve_device
+    from predictor.calibration.file import Calibration, OverheadModel, graph_fingerprint, now_iso
+    from predictor.calibration.measure import measure_table
+    from predictor.calibration.step import StepUnavailable, build_step, time_step
+    from predictor.engine import model_params
+
+    if clock not in ("wall", "cpu"):
+        raise InvalidArgumentError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    dev = resolve_device(device)
+    if repeats is None:
+        repeats = DEFAULT_REPEATS[dev.type]
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InvalidArgumentError(f"repeats must be a positive integer, got {repeats!r}")
+    batches = _batch_sizes(graph, batch_sizes)
+    info = probe(dev, spec_id, clock)
+    params = model_params()
+    ops = graph.ops
+    k = len(batches)
+    measured = np.zeros((k, len(ops)))
+    iteration_ms = np.full(k, np.nan)
+    ops_ms = np.zeros(k)
+    unmeasured_ms = np.zeros(k)
+    skipped: dict[str, int] = {}
+    notes: list[str] = []
+    source = getattr(graph, "source", None)
+    for j, b in enumerate(batches):
+        times = measure_table(ops, b, dev, repeats=repeats, min_sample_s=MIN_SAMPLE_S[dev.type],
+                              progress=progress, clock=clock,
+                              description=f"{graph.name}: ops at batch {b}")
+        measured[j] = times.us
+        for reason, n in times.skipped.items():
+            skipped[reason] = max(skipped.get(reason, 0), n)
+        model_us = origin_model_us(ops, b, info, params)
+        have = times.us > 0
+        ops_ms[j] = float((np.where(have, times.us, model_us) * ops.count).sum() * 1e-3)
+        unmeasured_ms[j] = float((model_us * ops.count)[~have].sum() * 1e-3)
+        if measure_iteration:
+            try:
+                step = build_step(source, graph.mode, graph.optimizer, b, dev)
+                iteration_ms[j] = time_step(step, dev, iterations=iterations, clock=clock)
+                del step
+            except StepUnavailable as exc:
+                notes.append(f"real iteration not measured: {exc}")
+                measure_iteration = False
+            except (RuntimeError, ValueError, TypeError) as exc:
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                notes.append(f"real iteration at batch {b} not measured: "
+                             f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}")
+    if skipped:
+        notes.append(f"{sum(skipped.values())} of {len(ops)} rows not measured; the model "
+                     "predicts them")
+    overhead = OverheadModel.fit(ops_ms, iteration_ms)
+    return Calibration(
+        model=graph.name, fingerprint=graph_fingerprint(graph), device_info=info,
+        batch_sizes=np.asarray(batches, dtype=np.int64), measured_us=measured,
+        iteration_ms=iteration_ms, ops_ms=ops_ms, unmeasured_ms=unmeasured_ms,
+        overhead=overhead, skipped=skipped, settings=_settings(dev, info, clock, repeats, graph),
+        notes=notes, created=now_iso())
+
+
+def load_calibration(path, graph=None):
+    """Read a calibration file (checked against `graph` when given)."""
+    from predictor.calibration.file import load
+
+    return load(path, graph)
+
+
+def check_target(calibration, gpu_id: str) -> None:
+    """A CPU calibration predicts that CPU only."""
+    if calibration.is_cpu and gpu_id != calibration.device:
+        raise InvalidArgumentError(
+            f"{calibration.where()} was measured on a CPU; it predicts that CPU at other batch "
+            f"sizes (gpu='{calibration.device}'), not {gpu_id}: CPU and GPU kernels differ too "
+            "much for a ratio of models to bridge them. Calibrate on a GPU, or predict without "
+            "a calibration")
+
+
+__all__ = ["calibrate", "load_calibration", "check_target", "model_params_for", "origin_model_us"]

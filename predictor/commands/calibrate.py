@@ -1,0 +1,150 @@
+"""`predictor calibrate MODEL -o FILE`: time the model's ops (and its real
+training step) on this machine's GPU, or its CPU, once; `predict` and
+`sweep` then scale those measurements with `--calibration FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from predictor.commands.common import console, load_specs, positive_int
+
+NAME = "calibrate"
+
+
+def _batch_list(text: str) -> list[int]:
+    out = []
+    for item in str(text).split(","):
+        if item.strip():
+            out.append(positive_int(item.strip()))
+    if not out:
+        raise argparse.ArgumentTypeError(f"no batch size in {text!r}")
+    return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        NAME, help="measure a model's ops on this machine's GPU (or CPU) for calibrated predictions",
+        description="Trace one training step of MODEL, run every distinct op on this machine's "
+                    "device with random tensors of its shapes (CUDA when present, else the CPU), "
+                    "time the real step too, and write a calibration file. "
+                    "`predictor predict|sweep MODEL --calibration FILE` then scales the measured "
+                    "times to other GPUs and batch sizes.",
+        epilog="Example: predictor calibrate resnet50 --batch-size 64 -o resnet50.cal.npz && "
+               "predictor sweep resnet50 --calibration resnet50.cal.npz --gpus all. "
+               "A CPU calibration predicts that CPU only (other batch sizes, --gpus cpu).")
+    p.add_argument("model", metavar="MODEL", help="zoo name or factory spec")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="calibration file to write (.npz)")
+    p.add_argument("-b", "--batch-size", type=positive_int,
+                   help="batch size to trace and calibrate at (default: the model's)")
+    p.add_argument("--calibrate-at", type=_batch_list, metavar="LIST",
+                   help="batch sizes to measure, comma-separated (default: B and 2B)")
+    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
+                   help="optimizer step to include (default: adam)")
+    p.add_argument("--inference", action="store_true", help="calibrate a no-grad forward pass")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    p.add_argument("--repeats", type=positive_int,
+                   help="timing samples per op, median (default 15 on CUDA, 5 on a CPU)")
+    p.add_argument("--iterations", type=positive_int, default=5,
+                   help="timed real iterations per batch size, median (default 5)")
+    p.add_argument("--no-iteration", action="store_true",
+                   help="do not run the real step (no overhead model)")
+    p.add_argument("--threads", type=positive_int,
+                   help="torch CPU threads while measuring (default: torch's)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="CPU timer: wall time, or process CPU time (robust on a shared machine "
+                        "with --threads 1)")
+    p.add_argument("--spec-id", metavar="ID",
+                   help="the GPU's id in the spec database when its name is not recognised")
+    p.add_argument("--spec", action="append", default=[], metavar="FILE",
+                   help="extra GPU spec file (TOML, same layout as the built-in one)")
+    p.add_argument("--json", action="store_true", help="print the calibration summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import predictor
+    from predictor.commands.predict import trace_from_args
+
+    load_specs(args.spec)
+    graph = trace_from_args(args)
+    cal = predictor.calibrate(
+        graph, device=args.device, repeats=args.repeats, batch_sizes=args.calibrate_at,
+        iterations=args.iterations, measure_iteration=not args.no_iteration,
+        spec_id=args.spec_id, clock=args.clock, threads=args.threads, progress=not args.json)
+    path = cal.save(args.output)
+    if args.json:
+        out = cal.summary()
+        out["file"] = str(path)
+        print(json.dumps(out, indent=2))
+        return 0
+    print_summary(cal, str(path))
+    return 0
+
+
+def print_summary(cal, path: str) -> None:
+    from rich.table import Table
+
+    s = cal.summary()
+    info = cal.device_info
+    out = console()
+    title = f"{s['model']} calibrated on {s['device']} ({info.name})"
+    table = Table(title=title, title_justify="left")
+    for label in ("batch", "per-op sum ms", "model share ms", "real iteration ms", "gap ms"):
+        table.add_column(label, justify="right", no_wrap=True)
+    for b, ops, unm, it, gap in zip(s["batch_sizes"], s["ops_ms"], s["unmeasured_ms"],
+                                    s["iteration_ms"], s["gap_ms"]):
+        table.add_row(str(b), f"{ops:,.2f}", f"{unm:,.2f}",
+                      "-" if it is None else f"{it:,.2f}", "-" if gap is None else f"{gap:+,.2f}")
+    out.print(table)
+    ov = cal.overhead
+    lines = [f"{s['measured_rows']}/{s['rows']} distinct ops measured"]
+    if info.is_cpu:
+        lines.append(f"CPU: {info.peak_gflops:,.1f} GFLOP/s fp32, {info.bandwidth_gbs:,.1f} GB/s, "
+                     f"{info.op_overhead_us:.1f} us per op, {info.threads} thread(s)")
+    if ov.points:
+        lines.append(f"iteration = (1 {ov.scale:+.3f}) x per-op sum {ov.fixed_ms:+.2f} ms "
+                     f"(fitted on {ov.points} batch size(s): host overhead, allocator, caches)")
+    for reason, n in sorted(s["skipped"].items()):
+        lines.append(f"not measured ({n} rows, the model predicts them): {reason}")
+    for note in cal.notes:
+        if not note.endswith("the model predicts them"):
+            lines.append(note)
+    lines.append(f"wrote {path}")
+    out.print("\n".join(lines), style="dim")
+
+
+# ---- shared with `predict` and `sweep` -----------------------------------------
+
+def add_calibration_argument(p) -> None:
+    p.add_argument("--calibration", metavar="FILE",
+                   help="scale measured op times from `predictor calibrate` (a CPU calibration "
+                        "predicts that CPU only: --gpus cpu, the default with it)")
+
+
+def load_for(args: argparse.Namespace, graph):
+    """The calibration named by --calibration, checked against `graph` (or None)."""
+    path = getattr(args, "calibration", None)
+    if not path:
+        return None
+    from predictor.calibration.file import load
+
+    return load(path, graph)
+
+
+def target_gpus(args: argparse.Namespace) -> list[str]:
+    """The device ids to predict, checked before tracing: --gpus resolved in the
+    database, or, with a CPU calibration, its CPU (the default) and nothing else."""
+    from predictor import hardware
+
+    path = getattr(args, "calibration", None)
+    if path:
+        from predictor.calibration import scaling
+        from predictor.calibration.file import load
+
+        cal = load(path)
+        if cal.is_cpu:
+            return [g.id for g in scaling.resolve_targets(cal, args.gpus, hardware.database())]
+    return [g.id for g in hardware.database().resolve(args.gpus)]
