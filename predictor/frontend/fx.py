@@ -280,7 +280,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
             "data-dependent control flow cannot be traced)") from exc
     lowered = lower(gm, marks, sentinel, spec.batch_size)
     mem = memory.profile(gm, marks if mode == "train" else (), sentinel)
-    return Graph(
+    graph = Graph(
         name=spec.name, ops=lowered.table, batch_size=spec.batch_size, mode=mode,
         optimizer=optimizer, seq_len=spec.seq_len, parameters=counts[0],
         trainable_parameters=counts[1], parameter_bytes=counts[2],
@@ -288,6 +288,10 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         batch_scalable=lowered.batch_scalable and sentinel is not None,
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__,
         memory=mem)
+    # How to build and feed the model for real (calibration runs the real step);
+    # an attribute, not a field: callables are not saved with the graph.
+    graph.source = spec
+    return graph
 
 
 def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel: int | None):
