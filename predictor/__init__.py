@@ -23,7 +23,7 @@ from predictor.errors import (  # noqa: E402
 __all__ = [
     "trace", "predict", "sweep", "gpus", "load_specs", "Graph", "Prediction", "SweepResult",
     "PredictorError", "UnknownGPUError", "UnknownModelError", "SpecError", "TraceError",
-    "InvalidArgumentError", "__version__",
+    "InvalidArgumentError", "__version__", "calibrate", "load_calibration",
 ]
 
 
@@ -38,6 +38,9 @@ def __getattr__(name: str):
     if name in ("gpus", "load_specs"):
         from predictor import hardware as _g
         return getattr(_g, name)
+    if name in ("calibrate", "load_calibration"):
+        from predictor.calibration import calibrate as _c
+        return getattr(_c, name)
     if name == "Graph":
         from predictor.optable import Graph
         return Graph

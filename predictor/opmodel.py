@@ -153,8 +153,12 @@ def _record_rows(call) -> list:
 
 
 def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = "float32",
-               **attrs: Any) -> float:
+               origin: tuple[str, float] | None = None, **attrs: Any) -> float:
     """Predicted time (ms) of one isolated op on `gpu`.
+
+    origin: ``(gpu_id, measured_ms)``, the op's time measured on another GPU:
+    calibrated mode, ``measured_ms x f(op, gpu) / f(op, origin)`` with ``f`` the
+    model (its bias cancels in the ratio).
 
     Examples: ``predict_op("linear", [(B*M, K), (N, K)], "H100-SXM5-80GB")``,
     ``predict_op("conv2d", [(B, C, H, W), (Cout, C, 3, 3)], "T4", stride=1, padding=1)``,
@@ -166,6 +170,7 @@ def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = 
     from predictor.lowering import dtype_code
 
     hardware.get(gpu)  # unknown GPU -> clear error before any work
+    origin_id, measured_ms = _check_origin(origin)
     if dtype not in _DTYPES:
         raise InvalidArgumentError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
     tdt = getattr(torch, _DTYPES[dtype])
@@ -187,4 +192,27 @@ def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = 
     for i, (_, d, _) in enumerate(rows):
         dims[i, :len(d)] = d
     code = np.full(len(rows), dtype_code(tdt), dtype=np.int64)
-    return float(predict_rows(fam, dims, gpu, code).sum())
+    t = float(predict_rows(fam, dims, gpu, code).sum())
+    if origin_id is None:
+        return t
+    return measured_ms * t / float(predict_rows(fam, dims, origin_id, code).sum())
+
+
+def _check_origin(origin) -> tuple[str | None, float]:
+    """(origin GPU id, measured ms) of predict_op's calibrated mode."""
+    import math
+
+    if origin is None:
+        return None, 0.0
+    try:
+        gpu_id, measured = origin
+        measured = float(measured)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"origin must be (gpu_id, measured_ms), got {origin!r}") from None
+    if str(gpu_id).strip().lower() == "cpu":
+        raise InvalidArgumentError("a time measured on a CPU cannot be scaled to a GPU; give "
+                                   "a measurement from a GPU in the database")
+    if not math.isfinite(measured) or measured <= 0:
+        raise InvalidArgumentError(f"measured time must be a positive number of ms, got {measured!r}")
+    return hardware.get(gpu_id).id, measured
