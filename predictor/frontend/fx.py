@@ -249,8 +249,8 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     """Trace one training iteration (or an inference forward) into a Graph.
 
     model: an ``nn.Module`` (any device, ``meta`` included), a zero-argument
-        factory returning one (or ``(model, inputs)``), or a zoo name /
-        ``file.py:factory`` spec.
+        factory returning one (or ``(model, inputs)``), a zoo name /
+        ``file.py:factory`` spec, or an ``.onnx`` file (``predictor.frontend.onnx``).
     example_inputs: a tuple of tensors (only shapes and dtypes are used), a
         dict of keyword inputs, or a callable ``batch_size -> inputs``.
     loss_fn: ``output -> scalar``; default ``.loss`` or the mean of the first tensor.
@@ -265,6 +265,12 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         _check_positive(batch_size, "batch size")
     if seq_len is not None:
         _check_positive(seq_len, "sequence length")
+    if (isinstance(model, str) or hasattr(model, "__fspath__")) \
+            and str(model).lower().endswith(".onnx"):
+        # An ONNX file: its own frontend (loss_fn names a loss: "mean" or "cross_entropy").
+        from predictor.frontend.onnx import trace_onnx
+        return trace_onnx(model, batch_size=batch_size, seq_len=seq_len, mode=mode,
+                          optimizer=optimizer, loss=loss_fn or "mean", name=name)
     spec = _spec_for(model, example_inputs, loss_fn, batch_dim, batch_size, seq_len, name)
     _check_positive(spec.batch_size, "batch size")
     start = time.perf_counter()
