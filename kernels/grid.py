@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from predictor.kernels.roofline import op_time_us
+from predictor.kernels.optime import op_time_us
 from predictor.kernels.work import dims_at
 
 # Fewest tasks a sweep is split into when the batch sizes alone are too few to

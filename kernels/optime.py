@@ -29,6 +29,15 @@ def is_learned(family, mlp):
 
 
 @njit(cache=True)
+def learned_rows(family, mlp):
+    """Which rows a learned model serves (vector form of is_learned)."""
+    out = np.zeros(family.shape[0], dtype=np.bool_)
+    for i in range(family.shape[0]):
+        out[i] = has_group(mlp, group_of(family[i]))
+    return out
+
+
+@njit(cache=True)
 def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     """Time of one execution of a row on one GPU, microseconds."""
     group = group_of(family)

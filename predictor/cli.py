@@ -14,7 +14,7 @@ from predictor import __version__
 from predictor.errors import PredictorError
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("predict", "sweep", "gpus", "zoo")
+COMMANDS = ("predict", "sweep", "calibrate", "gpus", "zoo", "train-models")
 
 EXAMPLES = """examples:
   predictor predict resnet50 --batch-size 64
@@ -22,6 +22,8 @@ EXAMPLES = """examples:
   predictor predict gpt2-large --seq-len 512 --gpus all --csv
   predictor predict my_model.py:build --batch-size 32 --breakdown 15
   predictor sweep resnet50 --gpus all --batch-sizes 1..1024 --plot sweep.png
+  predictor calibrate resnet50 --batch-size 64 -o resnet50.cal.npz
+  predictor sweep resnet50 --calibration resnet50.cal.npz --gpus all
   predictor gpus
   predictor zoo
 """
@@ -44,7 +46,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     modules = {}
     for name in COMMANDS:
-        mod = importlib.import_module(f"predictor.commands.{name}")
+        mod = importlib.import_module(f"predictor.commands.{name.replace('-', '_')}")
         mod.add_parser(sub)
         modules[mod.NAME] = mod
     return parser, modules

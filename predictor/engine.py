@@ -12,6 +12,7 @@ import numpy as np
 
 from predictor import hardware as gpudb
 from predictor import memory as memmodel
+from predictor import overhead
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
@@ -27,9 +28,23 @@ _DTYPE_ALIASES = {
 }
 
 
-# Placeholders until learned weights / a calibration are passed in.
-_NO_MLP = np.zeros(0)
+# No calibration: every row is predicted.
 _NO_CALIBRATION = (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(L.N_GPU_FEATURES))
+
+
+def _mlp() -> np.ndarray:
+    """The shipped learned per-op weights (empty: analytical model only)."""
+    from predictor import opmodel
+
+    return opmodel.weights()
+
+
+def predicted_basis(ops) -> np.ndarray:
+    """Per-row basis of a prediction without calibration: learned where a
+    learned model serves the row's family, analytical elsewhere."""
+    from predictor.kernels.optime import learned_rows
+
+    return np.where(learned_rows(ops.family, _mlp()), L.BASIS_LEARNED, L.BASIS_ANALYTICAL)
 
 
 def _dtype_code(dtype) -> int | None:
@@ -67,26 +82,43 @@ def _batches(graph: Graph, batch_sizes: Iterable[int] | int | None) -> np.ndarra
 def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
           batch_sizes: Iterable[int] | int | None = None, *, dtype=None,
           tf32_matmul: bool | None = None, tf32_conv: bool | None = None,
+          calibration=None,
           max_memory_fraction: float = memmodel.DEFAULT_MAX_MEMORY_FRACTION) -> SweepResult:
     """Times (and peak memory) of the traced step for every (GPU, batch size).
 
+    calibration: a :class:`predictor.calibration.file.Calibration` of this
+        graph: measured op times are scaled to each GPU and batch size
+        (measured x model ratio) instead of predicted.
     max_memory_fraction: a configuration fits when its predicted peak memory is
         at most this fraction of the GPU's memory (see predictor.memory).
     """
     db = gpudb.database()
-    chosen = db.resolve(gpus)
+    if calibration is not None:
+        from predictor.calibration import scaling
+
+        chosen = scaling.resolve_targets(calibration, gpus, db)
+    else:
+        chosen = db.resolve(gpus)
     batches = _batches(graph, batch_sizes)
     code = _dtype_code(dtype)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     feats = db.features(chosen)
     params = model_params(tf32_matmul, tf32_conv)
     out = np.zeros((len(chosen), len(batches), len(L.PHASE_NAMES)))
-    evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
-                  ops.dslope, batches, feats, params, _NO_MLP, *_NO_CALIBRATION, out)
+    if calibration is not None:
+        scaling.check_compatible(calibration, graph, ops, tf32_matmul, tf32_conv)
+        out, exposed = scaling.evaluate_grid(calibration, graph, ops, batches,
+                                             [g.id for g in chosen], feats, params, _mlp())
+    else:
+        evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
+                      ops.dslope, batches, feats, params, _mlp(), *_NO_CALIBRATION, out)
+        # A phase lasts as long as the GPU's kernels or the host's dispatch, whichever is longer.
+        out, exposed = overhead.combine(out, overhead.host_ms(graph, ops))
     mem = _memory(graph, chosen, batches, code, max_memory_fraction)
     return SweepResult(model=graph.name, gpus=[g.id for g in chosen], batch_sizes=batches,
                        phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen],
-                       memory_bytes=mem, memory_capacity_gb=[g.memory_gb for g in chosen],
+                       overhead_phase_ms=exposed, memory_bytes=mem,
+                       memory_capacity_gb=[g.memory_gb for g in chosen],
                        max_memory_fraction=max_memory_fraction)
 
 
@@ -100,22 +132,35 @@ def _memory(graph: Graph, chosen, batches: np.ndarray, code: int | None,
 
 def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None = None,
             dtype=None, tf32_matmul: bool | None = None,
-            tf32_conv: bool | None = None,
+            tf32_conv: bool | None = None, calibration=None,
             max_memory_fraction: float = memmodel.DEFAULT_MAX_MEMORY_FRACTION) -> Prediction:
-    """Predicted time of one iteration of `graph` on `gpu` at `batch_size`."""
-    g = gpudb.get(gpu)
+    """Predicted time of one iteration of `graph` on `gpu` at `batch_size`
+    (with `calibration`: measured op times scaled to `gpu`; see `sweep`)."""
+    if calibration is not None:
+        from predictor.calibration import scaling
+
+        g = scaling.resolve_targets(calibration, [gpu], gpudb.database())[0]
+    else:
+        g = gpudb.get(gpu)
     b = graph.check_batch(batch_size)
     res = sweep(graph, [g.id], [b], dtype=dtype, tf32_matmul=tf32_matmul, tf32_conv=tf32_conv,
-                max_memory_fraction=max_memory_fraction)
+                calibration=calibration, max_memory_fraction=max_memory_fraction)
     code = _dtype_code(dtype)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     per_op = np.zeros(len(ops))
-    evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
-                 g.features, model_params(tf32_matmul, tf32_conv), _NO_MLP, *_NO_CALIBRATION,
-                 per_op)
+    basis = None
+    if calibration is not None:
+        per_op, basis = scaling.evaluate_ops(calibration, ops, b, g.features,
+                                             model_params(tf32_matmul, tf32_conv), _mlp())
+    else:
+        evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
+                     g.features, model_params(tf32_matmul, tf32_conv), _mlp(),
+                     *_NO_CALIBRATION, per_op)
+        basis = predicted_basis(ops)
     fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
     return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
                       backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,
-                      op_us=per_op, unsupported=dict(graph.unsupported),
+                      op_us=per_op, unsupported=dict(graph.unsupported), op_basis=basis,
+                      overhead_ms=float(res.overhead_ms[0, 0]),
                       memory_gb=None if res.memory_bytes is None else float(res.memory_gb[0, 0]),
                       memory_capacity_gb=g.memory_gb, max_memory_fraction=max_memory_fraction)

@@ -1,0 +1,244 @@
+"""Per-op accuracy of the learned models against measured GPU kernels.
+
+    python -m benchmarks.accuracy --data ../shared/data/neusight [--plot accuracy.png] [--md FILE]
+
+Two evaluations, per op family (linear, bmm, conv, elementwise, softmax, layer norm):
+
+(a) in-distribution: trained on the training files of all five GPUs, tested on
+    the held-out shapes of ``test/`` (conv has no test file: not reported);
+(b) leave-one-GPU-out: trained on four GPUs, tested on the fifth (its test
+    shapes; for conv, its training shapes), for each of the five GPUs. The
+    mean over held-out GPUs excludes the power-throttled P4, which is shown.
+
+Side by side, in the same run: the plain roofline (max of FLOPs/peak and
+bytes/bandwidth, no efficiency), the analytical model the engine falls back to
+(roofline + wave quantization + hand-set efficiencies + one launch), and a
+Habitat-style MLP that regresses log milliseconds directly from log dims and
+raw GPU specs (the baseline to beat). Metric: mean absolute percentage error
+(MAPE) and the 90th percentile of absolute percentage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from predictor import hardware
+from predictor.calibration import datasets as D
+from predictor.calibration import train as T
+from predictor.kernels import layout as L
+from predictor.kernels.optime import isolated_times_us
+
+FAMILIES = ("linear", "bmm", "conv", "elementwise", "softmax", "layer_norm")
+EXCLUDED_FROM_MEAN = ("P4",)
+
+
+def family_of(op: np.ndarray) -> np.ndarray:
+    names = {"ln": "layer_norm", **{o: "elementwise" for o in D.BINARY + D.UNARY}}
+    return np.array([names.get(o, o) for o in op], dtype=object)
+
+
+def _gpu_arrays(samples: D.OpSamples):
+    ids = sorted(set(samples.gpu))
+    db = hardware.database()
+    feats = db.features([db.get(i) for i in ids])
+    index = np.array([ids.index(g) for g in samples.gpu], dtype=np.int64)
+    return feats, index
+
+
+def predict_learned(mlp: np.ndarray, s: D.OpSamples) -> np.ndarray:
+    feats, index = _gpu_arrays(s)
+    return isolated_times_us(s.family.astype(np.int64), np.zeros(len(s), np.int64),
+                             np.ascontiguousarray(s.dims), feats, index, T.training_params(),
+                             mlp) * 1e-3
+
+
+def predict_analytical(s: D.OpSamples) -> np.ndarray:
+    return predict_learned(np.zeros(0), s)
+
+
+def predict_roofline(s: D.OpSamples) -> np.ndarray:
+    _, ideal, _, _ = T.features(s)
+    return ideal * 1e-3
+
+
+# ---- Habitat-style baseline: an MLP regressing log(ms) directly -------------------
+
+def _raw_features(s: D.OpSamples) -> np.ndarray:
+    feats, index = _gpu_arrays(s)
+    g = feats[index]
+    gpu = np.log2(np.stack([g[:, L.G_FP32_TFLOPS], g[:, L.G_MEM_BW_GBS], g[:, L.G_SMS],
+                            g[:, L.G_L2_MB], g[:, L.G_CLOCK_MHZ]], axis=1))
+    dims = np.log2(np.maximum(s.dims[:, :11], 1).astype(np.float64))
+    ops = np.stack([(s.op == o).astype(np.float64) for o in D.OPS], axis=1)
+    return np.concatenate([dims, gpu, ops], axis=1)
+
+
+def fit_habitat_mlp(s: D.OpSamples, *, seed: int = 0, epochs: int = 30):
+    import torch
+
+    torch.manual_seed(seed)
+    x = _raw_features(s)
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    xt = torch.tensor((x - mean) / std, dtype=torch.float32)
+    yt = torch.tensor(np.log(s.latency_ms), dtype=torch.float32)
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 128), torch.nn.ReLU(),
+                              torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    rng = np.random.default_rng(seed)
+    for _ in range(epochs):
+        order = torch.tensor(rng.permutation(len(xt)))
+        for i in range(0, len(xt), 2048):
+            idx = order[i:i + 2048]
+            loss = ((net(xt[idx]).squeeze(-1) - yt[idx]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def predict(t: D.OpSamples) -> np.ndarray:
+        with torch.no_grad():
+            z = torch.tensor((_raw_features(t) - mean) / std, dtype=torch.float32)
+            return np.exp(net(z).squeeze(-1).double().numpy())
+
+    return predict
+
+
+# ---- evaluation ------------------------------------------------------------------------
+
+def errors(pred: np.ndarray, s: D.OpSamples) -> np.ndarray:
+    return np.abs(pred - s.latency_ms) / s.latency_ms * 100.0
+
+
+def summarise(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+def score(split: str, gpu: str, model: str, err: np.ndarray, fams: np.ndarray) -> list[dict]:
+    out = []
+    for fam in FAMILIES:
+        m = fams == fam
+        if m.any():
+            out.append({"split": split, "gpu": gpu, "model": model, "family": fam,
+                        "n": int(m.sum()), "mape": float(err[m].mean()),
+                        "p90": float(np.percentile(err[m], 90))})
+    return out
+
+
+def run(data: Path, *, epochs: int = 60, seed: int = 0, log=print) -> tuple[pd.DataFrame, dict]:
+    train = D.load_train(data)
+    test = D.load_test(data)
+    rows: list[dict] = []
+    points = {}
+    gpus = sorted(set(train.gpu))
+
+    def evaluate(split: str, gpu: str, fit_on: D.OpSamples, ev: D.OpSamples):
+        t0 = time.perf_counter()
+        mlp = T.train(fit_on, seed=seed, epochs=epochs)
+        habitat = fit_habitat_mlp(fit_on, seed=seed)
+        fams = family_of(ev.op)
+        preds = {"learned": predict_learned(mlp, ev), "roofline": predict_roofline(ev),
+                 "analytical": predict_analytical(ev), "habitat-mlp": habitat(ev)}
+        for model, pred in preds.items():
+            rows.extend(score(split, gpu, model, errors(pred, ev), fams))
+        points[(split, gpu)] = (ev.latency_ms, preds["learned"], fams)
+        log(f"  {split:>9} {gpu:<16} {len(ev):>6} ops  {time.perf_counter() - t0:5.1f} s")
+
+    log("in-distribution: train on all GPUs, test on test/ shapes")
+    evaluate("test", "all", train, test)
+    log("leave-one-GPU-out")
+    for held in gpus:
+        ev = D.OpSamples.concat([test.subset(test.gpu == held),
+                                 train.subset((train.gpu == held) & (train.op == "conv"))])
+        if held == "A100-PCIE-80GB":  # the conv files' A100: only conv data
+            ev = train.subset((train.gpu == held) & (train.op == "conv"))
+        evaluate("logo", held, train.subset(train.gpu != held), ev)
+    return summarise(rows), points
+
+
+def table(df: pd.DataFrame) -> str:
+    """Markdown: per family, in-distribution and LOGO mean (P4 excluded) per model."""
+    lines = []
+    models = ["learned", "habitat-mlp", "analytical", "roofline"]
+    test = df[df.split == "test"]
+    logo = df[(df.split == "logo") & ~df.gpu.isin(EXCLUDED_FROM_MEAN)]
+    p4 = df[(df.split == "logo") & df.gpu.isin(EXCLUDED_FROM_MEAN)]
+    head = "| family | " + " | ".join(f"{m} test" for m in models) + " | " + \
+        " | ".join(f"{m} LOGO" for m in models) + " | learned LOGO P90 | learned P4 |"
+    lines += [head, "|" + "---|" * (2 * len(models) + 3)]
+    for fam in FAMILIES:
+        cells = [fam]
+        for src in (test, logo):
+            for m in models:
+                sel = src[(src.family == fam) & (src.model == m)]
+                cells.append(f"{sel.mape.mean():.1f}" if len(sel) else "-")
+        sel = logo[(logo.family == fam) & (logo.model == "learned")]
+        cells.append(f"{sel.p90.mean():.1f}" if len(sel) else "-")
+        sel = p4[(p4.family == fam) & (p4.model == "learned")]
+        cells.append(f"{sel.mape.mean():.1f}" if len(sel) else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def per_gpu_table(df: pd.DataFrame) -> str:
+    logo = df[(df.split == "logo") & (df.model == "learned")]
+    pivot = logo.pivot_table(index="family", columns="gpu", values="mape")
+    return pivot.round(1).to_markdown() if hasattr(pivot, "to_markdown") else pivot.round(1).to_string()
+
+
+def plot(points: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in points if k[0] == "logo"] + [("test", "all")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.4), sharey=True)
+    for ax, key in zip(np.atleast_1d(axes), keys):
+        meas, pred, fams = points[key]
+        for fam in FAMILIES:
+            m = fams == fam
+            if m.any():
+                ax.scatter(meas[m], pred[m], s=3, alpha=0.4, label=fam)
+        lo, hi = 1e-2, 1e4
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_title("held out: " + key[1] if key[0] == "logo" else "test split", fontsize=9)
+        ax.set_xlabel("measured ms")
+    np.atleast_1d(axes)[0].set_ylabel("predicted ms")
+    np.atleast_1d(axes)[-1].legend(fontsize=7, markerscale=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="../shared/data/neusight")
+    ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default=None, help="write predicted-vs-measured PNG here")
+    ap.add_argument("--csv", default=None, help="write all scores here")
+    args = ap.parse_args(argv)
+    df, points = run(Path(args.data), epochs=args.epochs, seed=args.seed)
+    print()
+    print(f"MAPE % by family (LOGO: mean over held-out GPUs except {', '.join(EXCLUDED_FROM_MEAN)})")
+    print(table(df))
+    print()
+    print("learned, leave-one-GPU-out MAPE % per held-out GPU")
+    print(per_gpu_table(df))
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+    if args.plot:
+        plot(points, Path(args.plot))
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
