@@ -317,8 +317,9 @@ def _layer_norm_bwd(grad: T, x: T, normalized_shape, mean, rstd, w, b, mask, *_,
                     **__) -> list[Row]:
     inner = math.prod(normalized_shape)
     outer = x.numel // max(inner, 1)
-    # CUDA: one kernel for the input gradient, one (two-stage) for gamma/beta.
-    kernels = 1 + (2 if (len(mask) > 1 and (mask[1] or mask[2])) else 0)
+    # CUDA: one kernel for the input gradient, one column reduction for
+    # gamma/beta (GammaBetaBackward), as in layer_norm_backward_cuda.
+    kernels = 1 + (1 if (len(mask) > 1 and (mask[1] or mask[2])) else 0)
     return [memory_row(L.LAYER_NORM_BWD, 3 * x.numel + 2 * outer, x.numel + 2 * inner,
                        12 * x.numel, inner, outer, kernels)]
 
@@ -370,12 +371,22 @@ def _embedding(weight: T, indices: T, *_, out=None, **__) -> list[Row]:
     return [memory_row(L.EMBEDDING, n * d + n, n * d, 0, d, n)]
 
 
+# embedding_dense_backward_cuda: up to this many indices it zeroes the weight
+# gradient and accumulates with one atomic kernel; above it, it sorts the indices
+# and reduces segments: arange, a cub radix sort, zeros, unique_by_key (2),
+# partials per segment, an exclusive sum (2), partial-segment offsets (2),
+# compute_grad_weight and sum_and_scatter.
+EMBEDDING_BWD_ATOMIC_MAX_INDICES = 3072
+EMBEDDING_BWD_SORT_KERNELS = 13
+
+
 @register(aten.embedding_dense_backward)
 def _embedding_bwd(grad: T, indices: T, num_weights: int, *_, out=None, **__) -> list[Row]:
     d = grad.shape[-1]
     n = indices.numel
-    # CUDA: zero the weight gradient, sort indices, segment-reduce, scatter (~5 kernels).
-    return [memory_row(L.EMBEDDING_BWD, n * d + 2 * n, num_weights * d + n * d // 4, n * d, d, n, 5)]
+    kernels = 2 if n <= EMBEDDING_BWD_ATOMIC_MAX_INDICES else EMBEDDING_BWD_SORT_KERNELS
+    return [memory_row(L.EMBEDDING_BWD, n * d + 2 * n, num_weights * d + n * d // 4, n * d, d, n,
+                       kernels)]
 
 
 def _pool(family: int) -> Extractor:
@@ -403,10 +414,25 @@ register(aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
 
 # ---------------------------------------------------------- dropout, losses --
 
+def _bool_elems(t: T, like: T) -> int:
+    """A bool tensor's size in elements of `like`'s dtype (the row's unit)."""
+    width = max(like.dtype.itemsize, 1)
+    return -(-t.numel // width)
+
+
 @register(aten.native_dropout)
 def _native_dropout(x: T, p, train, *_, out=None, **__) -> list[Row]:
-    # Fused on CUDA: read x, write the output and a bool mask.
-    return [memory_row(L.DROPOUT, x.numel, 2 * x.numel, 4 * x.numel, x.shape[-1] if x.shape else 1, 1)]
+    # Fused on CUDA (one kernel, RNG inside): read x, write the output and a bool mask.
+    mask = _bool_elems(x, x)
+    return [memory_row(L.DROPOUT, x.numel, x.numel + mask, 4 * x.numel,
+                       x.shape[-1] if x.shape else 1, 1)]
+
+
+@register(aten.native_dropout_backward)
+def _native_dropout_bwd(grad: T, mask: T, scale, *_, out=None, **__) -> list[Row]:
+    # One masked-scale kernel: read the gradient and the bool mask, write the gradient.
+    return [memory_row(L.ELEMENTWISE, grad.numel + _bool_elems(mask, grad), grad.numel,
+                       grad.numel, grad.shape[-1] if grad.shape else 1, 1)]
 
 
 @register(aten.bernoulli_, aten.bernoulli, aten.rand, aten.rand_like, aten.randn, aten.randn_like,
@@ -421,8 +447,17 @@ def _loss(*args, out=None, **kwargs) -> list[Row]:
     return generic_memory(L.LOSS, args, kwargs, out, flops_per_elem=2)
 
 
-register(aten.nll_loss_forward, aten.nll_loss_backward, aten.nll_loss2d_forward,
-         aten.nll_loss2d_backward, aten.binary_cross_entropy_with_logits,
+@register(aten.nll_loss_backward, aten.nll_loss2d_backward)
+def _nll_loss_bwd(grad: T, x: T, target: T, *_, out=None, **__) -> list[Row]:
+    # CUDA zeroes the whole input gradient, then one kernel writes -w/N at each
+    # target: the input itself is never read.
+    return [memory_row(L.FILL, 0, x.numel, 0, 1, x.numel),
+            memory_row(L.LOSS, target.numel + grad.numel, target.numel, target.numel, 1,
+                       target.numel)]
+
+
+register(aten.nll_loss_forward, aten.nll_loss2d_forward,
+         aten.binary_cross_entropy_with_logits,
          aten.binary_cross_entropy, aten.binary_cross_entropy_backward, aten.mse_loss,
          aten.mse_loss_backward, aten.smooth_l1_loss, aten.smooth_l1_loss_backward,
          aten.huber_loss, aten.huber_loss_backward)(_loss)

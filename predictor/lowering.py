@@ -44,6 +44,9 @@ class Lowered:
     table: OpTable
     unsupported: dict[str, int] = field(default_factory=dict)
     batch_scalable: bool = True
+    # aten ops the host dispatches per phase, views and other kernel-free ops
+    # included: each costs CPU time even when it launches nothing.
+    host_ops: list[int] = field(default_factory=lambda: [0] * len(L.PHASE_NAMES))
 
 
 class _Scaler:
@@ -134,6 +137,7 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
     op_names: list[str] = []
     op_index: dict[str, int] = {}
     unsupported: dict[str, int] = {}
+    host_ops = [0] * len(L.PHASE_NAMES)
     scalable = True
 
     for idx, node in enumerate(gm.graph.nodes):
@@ -142,12 +146,13 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
         op = node.target
         if not isinstance(op, torch._ops.OpOverload):
             continue
-        if families.lookup(op) is None and families.is_free(op):
-            continue
         phase = L.FORWARD
         for i, mark in enumerate(phase_marks):
             if idx >= mark:
                 phase = i + 1
+        host_ops[phase] += 1
+        if families.lookup(op) is None and families.is_free(op):
+            continue
         key = (op, _key(node.args), _key(node.kwargs), _key(node.meta.get("val")))
         hit = cache.get(key)
         if hit is None:
@@ -177,7 +182,7 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
         table.kernels[i], table.op[i], table.count[i] = kern, opi, cnt
         table.dbase[i, :len(base)] = base
         table.dslope[i, :len(slope)] = slope
-    return Lowered(table, unsupported, scalable)
+    return Lowered(table, unsupported, scalable, host_ops)
 
 
 def _extract(op, node, at: tuple[_Scaler, _Scaler, _Scaler], at_sentinel: _Scaler,
@@ -190,17 +195,19 @@ def _extract(op, node, at: tuple[_Scaler, _Scaler, _Scaler], at_sentinel: _Scale
     r1, unsupported = _rows_at(op, node, at[0])
     r2, _ = _rows_at(op, node, at[1])
     rs, _ = _rows_at(op, node, at_sentinel)
+    # Kernel launches can depend on the size (embedding backward switches
+    # algorithm with the index count): take them at the requested batch.
+    rb, _ = _rows_at(op, node, at[2])
     out = []
-    affine = len(r1) == len(r2) == len(rs)
+    affine = len(r1) == len(r2) == len(rs) == len(rb)
     if affine:
-        for (f1, d1, k1), (f2, d2, k2), (fs, ds, ks) in zip(r1, r2, rs):
+        for (f1, d1, k1), (f2, d2, k2), (fs, ds, ks), (_, _, kb) in zip(r1, r2, rs, rb):
             slope = tuple(b - a for a, b in zip(d1, d2))
             base = tuple(a - s for a, s in zip(d1, slope))
             if f1 != f2 or f1 != fs or any(b + s * sentinel != x for b, s, x in zip(base, slope, ds)):
                 affine = False
                 break
-            out.append((f1, base, slope, max(k1, k2)))
+            out.append((f1, base, slope, kb))
     if not affine:
-        rb, _ = _rows_at(op, node, at[2])
         out = [(f, tuple(d), (0,) * len(d), k) for f, d, k in rb]
     return out, unsupported, affine

@@ -80,6 +80,9 @@ class Graph:
     batch_scalable: bool = True
     trace_seconds: float = 0.0
     torch_version: str = ""
+    # aten ops the host dispatches per phase, kernel-free views included (the
+    # CPU launch-overhead term, predictor.overhead); empty: not recorded.
+    host_ops: list[int] = field(default_factory=list)
     # Storages of the step with their liveness (predictor.memory); None when
     # the frontend did not run the memory pass.
     memory: "MemoryProfile | None" = field(default=None, repr=False)

@@ -50,6 +50,12 @@ class Prediction:
     op_table: Any = field(repr=False, default=None)
     op_us: np.ndarray | None = field(repr=False, default=None)
     unsupported: dict[str, int] = field(default_factory=dict)
+    # Per-row basis codes (layout.BASIS_*): what each op time rests on; None:
+    # the per-op model alone (analytical).
+    op_basis: np.ndarray | None = field(repr=False, default=None)
+    # Host (CPU) dispatch and launch time not hidden behind GPU work, already
+    # included in the phase times (predictor.overhead).
+    overhead_ms: float = 0.0
     # Predicted peak device memory in GiB (predictor.memory); None: not modelled.
     memory_gb: float | None = None
     memory_capacity_gb: float | None = None
@@ -67,6 +73,11 @@ class Prediction:
         return self.forward_ms + self.backward_ms + self.optimizer_ms
 
     @property
+    def overhead_share(self) -> float:
+        """Fraction of the iteration that is exposed host overhead."""
+        return self.overhead_ms / self.iteration_ms if self.iteration_ms > 0 else 0.0
+
+    @property
     def throughput(self) -> float:
         """Samples per second."""
         return self.batch_size / (self.iteration_ms / 1e3)
@@ -80,7 +91,10 @@ class Prediction:
         t = self.op_table
         dims = t.dims(self.batch_size)
         total_ms = self.op_us * t.count * 1e-3
-        basis = L.BASIS_NAMES[L.BASIS_ANALYTICAL]
+        if self.op_basis is None:
+            basis = L.BASIS_NAMES[L.BASIS_ANALYTICAL]
+        else:
+            basis = [L.BASIS_NAMES[int(c)] for c in self.op_basis]
         df = pd.DataFrame({
             "family": [L.FAMILY_NAMES[f] for f in t.family],
             "op": [t.op_names[i] for i in t.op],
@@ -110,6 +124,7 @@ class Prediction:
             "forward_ms": self.forward_ms,
             "backward_ms": self.backward_ms,
             "optimizer_ms": self.optimizer_ms,
+            "overhead_ms": self.overhead_ms,
             "throughput": self.throughput,
             "memory_gb": self.memory_gb,
             "fits": self.fits,
@@ -118,8 +133,8 @@ class Prediction:
     def __repr__(self) -> str:
         return (f"Prediction({self.model} on {self.gpu}, batch {self.batch_size}: "
                 f"{self.iteration_ms:.2f} ms/iter = fwd {self.forward_ms:.2f} + bwd "
-                f"{self.backward_ms:.2f} + opt {self.optimizer_ms:.2f}; "
-                f"{self.throughput:.1f} samples/s)")
+                f"{self.backward_ms:.2f} + opt {self.optimizer_ms:.2f} "
+                f"(host overhead {self.overhead_ms:.2f}); {self.throughput:.1f} samples/s)")
 
 
 @dataclass
@@ -132,6 +147,8 @@ class SweepResult:
     phase_ms: np.ndarray  # [gpu, batch, phase]
     mode: str = "train"
     prices: list[float | None] = field(default_factory=list)
+    # Exposed host overhead [gpu, batch, phase], included in phase_ms; None: not modelled.
+    overhead_phase_ms: np.ndarray | None = None
     # Peak device memory [gpu, batch] in bytes (predictor.memory); None: not modelled.
     memory_bytes: np.ndarray | None = None
     memory_capacity_gb: list[float] = field(default_factory=list)
@@ -152,6 +169,13 @@ class SweepResult:
             return np.ones(self.phase_ms.shape[:2], dtype=bool)
         cap = np.asarray(self.memory_capacity_gb, dtype=np.float64)[:, None]
         return self.memory_gb <= self.max_memory_fraction * cap
+
+    @property
+    def overhead_ms(self) -> np.ndarray:
+        """Exposed host (CPU launch) overhead per iteration [gpu, batch]."""
+        if self.overhead_phase_ms is None:
+            return np.zeros(self.phase_ms.shape[:2])
+        return self.overhead_phase_ms.sum(axis=2)
 
     @property
     def forward_ms(self) -> np.ndarray:
@@ -187,6 +211,7 @@ class SweepResult:
             "forward_ms": self.forward_ms.ravel(),
             "backward_ms": self.backward_ms.ravel(),
             "optimizer_ms": self.optimizer_ms.ravel(),
+            "overhead_ms": self.overhead_ms.ravel(),
             "throughput": self.throughput.ravel(),
             "memory_gb": self.memory_gb.ravel(),
             "fits": self.fits.ravel(),

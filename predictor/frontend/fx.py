@@ -27,6 +27,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor import memory
 from predictor.frontend import optimizers
+from predictor.frontend.cuda_paths import CudaPaths
 from predictor.lowering import lower
 from predictor.optable import Graph
 
@@ -232,7 +233,7 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int):
 
     step = train_step if mode == "train" else inference_step
     try:
-        with fake:
+        with CudaPaths(), fake:
             gm = make_fx(step, tracing_mode="real")(params, buffers, opt_state, inputs)
     finally:
         module.train(was_training)
@@ -293,6 +294,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         unsupported=lowered.unsupported,
         batch_scalable=lowered.batch_scalable and sentinel is not None,
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__,
+        host_ops=list(lowered.host_ops),
         memory=mem)
     # How to build and feed the model for real (calibration runs the real step);
     # an attribute, not a field: callables are not saved with the graph.

@@ -1,0 +1,144 @@
+"""The trace records the kernels a GPU runs, not the CPU decomposition: fused
+dropout, kernel counts per aten op, host ops per phase, CPU launch overhead."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import predictor
+from predictor import families, overhead
+from predictor.kernels import layout as L
+
+
+class Tiny(nn.Module):
+    def __init__(self, vocab=1000, d=64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, vocab)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, ids):
+        h = self.drop(self.ln(self.emb(ids)))
+        return self.fc(h)
+
+
+def tiny_loss(logits):
+    flat = logits.reshape(-1, logits.shape[-1])
+    return F.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long))
+
+
+def trace_tiny(batch, seq=64, mode="train"):
+    return predictor.trace(Tiny, lambda b: (torch.zeros(b, seq, dtype=torch.long),),
+                           loss_fn=tiny_loss, optimizer=None, mode=mode, batch_size=batch)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return trace_tiny(4)          # 256 indices: embedding backward's atomic path
+
+
+@pytest.fixture(scope="module")
+def large():
+    return trace_tiny(64)         # 4096 indices: the sort path
+
+
+def rows(graph, op):
+    t = graph.ops
+    names = np.asarray(t.op_names, dtype=object)[t.op]
+    return np.flatnonzero(names == op)
+
+
+def test_dropout_is_the_fused_cuda_kernel(small):
+    names = set(small.ops.op_names)
+    assert "native_dropout" in names and "native_dropout_backward" in names
+    assert not names & {"bernoulli_", "bernoulli", "div_"}
+    (fwd,) = rows(small, "native_dropout")
+    assert small.ops.kernels[fwd] == 1 and small.ops.family[fwd] == L.DROPOUT
+    # Output (fp32) plus a bool mask: 1.25 x the input in fp32 elements.
+    d = small.ops.dims(4)[fwd]
+    assert d[L.MEM_WRITTEN] == d[L.MEM_READ] + d[L.MEM_READ] // 4
+
+
+def test_inference_runs_no_dropout():
+    g = trace_tiny(4, mode="inference")
+    assert not set(g.ops.op_names) & {"native_dropout", "bernoulli_"}
+
+
+def test_layer_norm_backward_launches_two_kernels(small):
+    (i,) = rows(small, "native_layer_norm_backward")
+    assert small.ops.kernels[i] == 2
+
+
+def test_embedding_backward_kernels_follow_the_index_count(small, large):
+    (i,) = rows(small, "embedding_dense_backward")
+    (j,) = rows(large, "embedding_dense_backward")
+    assert small.ops.kernels[i] == 2
+    assert large.ops.kernels[j] == families.EMBEDDING_BWD_SORT_KERNELS
+
+
+def test_nll_loss_backward_zeroes_then_scatters(small):
+    idx = rows(small, "nll_loss_backward")
+    fams = sorted(int(small.ops.family[i]) for i in idx)
+    assert fams == sorted([L.FILL, L.LOSS])
+    fill = [i for i in idx if small.ops.family[i] == L.FILL][0]
+    d = small.ops.dims(4)[fill]
+    assert d[L.MEM_READ] == 0 and d[L.MEM_WRITTEN] == 4 * 64 * 1000
+
+
+def test_host_ops_count_views_too(small):
+    assert len(small.host_ops) == len(L.PHASE_NAMES)
+    fwd_rows = small.ops.count[small.ops.phase == L.FORWARD].sum()
+    assert small.host_ops[L.FORWARD] > fwd_rows  # views dispatch but launch nothing
+    assert small.host_ops[L.BACKWARD] > 0 and small.host_ops[L.OPTIMIZER_PHASE] == 0
+
+
+def test_host_time_is_dispatch_plus_launch(small):
+    h = overhead.host_ms(small, dispatch_us=1.0, launch_us=0.0)
+    np.testing.assert_allclose(h, np.asarray(small.host_ops) * 1e-3)
+    k = overhead.host_ms(small, dispatch_us=0.0, launch_us=1.0)
+    np.testing.assert_allclose(k, overhead.kernels_per_phase(small.ops) * 1e-3)
+
+
+def test_combine_is_the_larger_of_gpu_and_host():
+    gpu = np.array([[[1.0, 5.0, 0.0]]])
+    host = np.array([2.0, 1.0, 0.0])
+    total, exposed = overhead.combine(gpu, host)
+    np.testing.assert_allclose(total, [[[2.0, 5.0, 0.0]]])
+    np.testing.assert_allclose(exposed, [[[1.0, 0.0, 0.0]]])
+
+
+def test_small_batch_on_a_fast_gpu_is_host_bound(small):
+    p = predictor.predict(small, "H100-SXM5-80GB", batch_size=1)
+    host = overhead.host_ms(small).sum()
+    assert p.overhead_ms > 0
+    assert p.iteration_ms == pytest.approx(max(host, p.iteration_ms), rel=1e-9)
+    assert 0 < p.overhead_share < 1
+    assert p.to_dict()["overhead_ms"] == p.overhead_ms
+
+
+def test_large_batch_hides_the_host(small):
+    p = predictor.predict(small, "T4", batch_size=4096)
+    assert p.overhead_ms == 0.0
+
+
+def test_sweep_reports_overhead_per_configuration(small):
+    s = predictor.sweep(small, ["T4", "H100-SXM5-80GB"], [1, 4096])
+    assert s.overhead_ms.shape == (2, 2)
+    assert (s.overhead_ms >= 0).all() and s.overhead_ms[1, 0] > 0
+    df = s.to_pandas()
+    assert "overhead_ms" in df.columns
+    p = predictor.predict(small, "H100-SXM5-80GB", batch_size=1)
+    assert s.overhead_ms[1, 0] == pytest.approx(p.overhead_ms)
+
+
+def test_old_graphs_without_host_ops_still_predict(small):
+    import dataclasses
+
+    g = dataclasses.replace(small, host_ops=[])
+    p = predictor.predict(g, "H100-SXM5-80GB", batch_size=1)
+    assert np.isfinite(p.iteration_ms) and p.overhead_ms >= 0
