@@ -68,6 +68,8 @@ aten = torch.ops.aten
 # Must match predictor.frontend.fx.SENTINEL_BATCH (the lowering's convention).
 SENTINEL_BATCH = 1009
 MODES = ("train", "inference")
+# Integer tensors up to this size computed from shapes alone are shape arithmetic.
+SHAPE_SIZED = 64
 
 __all__ = ["trace_onnx", "load", "ONNX_OPS", "SENTINEL_BATCH"]
 
@@ -77,7 +79,9 @@ __all__ = ["trace_onnx", "load", "ONNX_OPS", "SENTINEL_BATCH"]
 def _classify(nodes: list[onnx.NodeProto], graph: onnx.GraphProto,
               values: dict[str, _Value]) -> dict[str, str]:
     """PARAM: initializers and what is computed from them alone (folded at load);
-    META: shapes and integer arithmetic on them (host side); ACT: the rest."""
+    META: shapes and the small integer arithmetic on them that feeds Reshape,
+    Slice, Expand (host side); ACT: the rest (integer tensors of the size of
+    the data, such as token ids built from shapes, run kernels like any other)."""
     kinds = {i.name: PARAM for i in graph.initializer}
     for inp in graph.input:
         kinds.setdefault(inp.name, ACT)
@@ -89,7 +93,8 @@ def _classify(nodes: list[onnx.NodeProto], graph: onnx.GraphProto,
         elif all(s == PARAM for s in srcs) and not node.op_type.startswith("Random"):
             kind = PARAM
         elif all(s in (PARAM, META) for s in srcs) and all(
-                values.get(o) is not None and not values[o].dtype.is_floating_point
+                values.get(o) is not None and values[o].shape is not None
+                and not values[o].dtype.is_floating_point and values[o].numel <= SHAPE_SIZED
                 for o in outs):
             kind = META
         else:

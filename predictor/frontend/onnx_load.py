@@ -423,7 +423,21 @@ def _infer(nodes: list[onnx.NodeProto], model: onnx.ModelProto, p: Path,
                 _check_shape(v.shape, o, p)
             if v is not None:
                 values[o] = v
+        if node.op_type in _SAME_SIZE and not domain and ins and ins[0] is not None:
+            # ONNX inference takes a Reshape's target on trust: a size baked into
+            # the graph (a fixed batch) must still hold every element.
+            v = values.get(node.output[0])
+            if ins[0].shape is not None and v is not None and v.shape is not None \
+                    and ins[0].numel != v.numel:
+                msg = (f"node {_node_label(node)} turns {list(ins[0].shape)} into "
+                       f"{list(v.shape)}")
+                if strict:
+                    raise FileFormatError(f"{p}: {msg}, a different number of elements")
+                raise _ShapeFailure(msg)
     return values
+
+
+_SAME_SIZE = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:

@@ -1,0 +1,297 @@
+"""The ONNX frontend against the fx frontend: the same model exported with
+``torch.onnx.export`` must give the same op families, the same GEMM FLOPs
+(within 1 %) and the same predicted times (within 5 %), for training (backward
+and optimizer synthesised from the ONNX forward) and for inference.
+
+Models: the zoo's ResNet-50, and BERT with bert-large's layer shapes (hidden
+1024, 16 heads, FFN 4096) but 2 layers and a 4096-token vocabulary, so that
+exporting it stays fast in CI: every layer of the real bert-large is one of
+these. ``benchmarks/onnx_vs_fx.py`` runs the full-size models.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import predictor
+from predictor import families
+from predictor.errors import FileFormatError, InvalidArgumentError
+from predictor.frontend.onnx import trace_onnx
+from predictor.kernels import layout as L
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+GPUS = ("T4", "A100-SXM4-80GB", "H100-SXM5-80GB")
+
+
+def export(model: torch.nn.Module, inputs: tuple, path, names: list[str], outputs: list[str],
+           dynamic: dict, opset: int = 17) -> str:
+    model.train()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, str(path), dynamo=False, input_names=names,
+                          output_names=outputs, dynamic_axes=dynamic, opset_version=opset,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=True)
+    return str(path)
+
+
+def by_family(graph, batch: int) -> dict:
+    """(phase, family) -> [count, FLOPs] at `batch`."""
+    ops = graph.ops
+    flops, _ = ops.work(batch)
+    out: dict = {}
+    for i in range(len(ops)):
+        key = (L.PHASE_NAMES[ops.phase[i]], L.FAMILY_NAMES[ops.family[i]])
+        c = out.setdefault(key, [0, 0.0])
+        c[0] += int(ops.count[i])
+        c[1] += float(flops[i] * ops.count[i])
+    return out
+
+
+def gemm_flops(graph, batch: int) -> float:
+    fams = by_family(graph, batch)
+    gemm = {"matmul", "conv", "conv_dgrad", "conv_wgrad", "attention", "attention_bwd"}
+    return sum(v[1] for (_, f), v in fams.items() if f in gemm)
+
+
+def assert_agree(fx_graph, onnx_graph, batches=(1, 8, 64)):
+    b0 = batches[-1]
+    a, c = by_family(fx_graph, b0), by_family(onnx_graph, b0)
+    assert set(a) == set(c), f"families differ: {sorted(set(a) ^ set(c))}"
+    for key in a:
+        assert a[key][0] == c[key][0], f"{key}: {a[key][0]} ops (fx) vs {c[key][0]} (onnx)"
+    for b in batches:
+        gf, go = gemm_flops(fx_graph, b), gemm_flops(onnx_graph, b)
+        assert go == pytest.approx(gf, rel=0.01)
+        for gpu in GPUS:
+            pf = predictor.predict(fx_graph, gpu, batch_size=b)
+            po = predictor.predict(onnx_graph, gpu, batch_size=b)
+            assert po.iteration_ms == pytest.approx(pf.iteration_ms, rel=0.05), (gpu, b)
+            assert np.isfinite(po.iteration_ms) and po.iteration_ms > 0
+    assert onnx_graph.parameters == fx_graph.parameters
+    assert onnx_graph.trainable_parameters == fx_graph.trainable_parameters
+    assert onnx_graph.unsupported == {}
+
+
+# ---------------------------------------------------------------- ResNet-50 --
+
+@pytest.fixture(scope="module")
+def resnet50_onnx(tmp_path_factory):
+    from predictor.zoo import vision
+
+    path = tmp_path_factory.mktemp("onnx") / "resnet50.onnx"
+    return export(vision.build_resnet50(), (torch.randn(2, 3, 224, 224),), path, ["images"],
+                  ["logits"], {"images": {0: "batch"}, "logits": {0: "batch"}})
+
+
+def test_resnet50_training_matches_fx(resnet50_onnx, resnet50_graph):
+    g = predictor.trace(resnet50_onnx, batch_size=64, loss_fn="cross_entropy")
+    assert g.mode == "train" and g.batch_size == 64 and g.batch_scalable
+    assert_agree(resnet50_graph, g)
+    # conv -> dgrad (not for the first layer) + wgrad, as autograd runs them.
+    fams = by_family(g, 64)
+    assert fams[("backward", "conv_dgrad")][0] == fams[("forward", "conv")][0] - 1
+    assert fams[("backward", "conv_wgrad")][0] == fams[("forward", "conv")][0]
+
+
+def test_resnet50_inference_matches_fx(resnet50_onnx):
+    fx = predictor.trace("resnet50", batch_size=64, mode="inference")
+    g = predictor.trace(resnet50_onnx, batch_size=64, mode="inference")
+    assert_agree(fx, g)
+    assert set(L.PHASE_NAMES[p] for p in g.ops.phase) == {"forward"}
+
+
+def test_batch_from_symbolic_dim_rescales(resnet50_onnx):
+    g8 = trace_onnx(resnet50_onnx, batch_size=8, mode="inference")
+    g64 = trace_onnx(resnet50_onnx, batch_size=64, mode="inference")
+    p8 = predictor.predict(g8, "A100-SXM4-80GB", batch_size=64)
+    p64 = predictor.predict(g64, "A100-SXM4-80GB")
+    assert p8.iteration_ms == pytest.approx(p64.iteration_ms, rel=1e-12)
+    assert trace_onnx(resnet50_onnx, mode="inference").batch_size == 1  # no flag: batch 1
+
+
+# --------------------------------------------------------------------- BERT --
+
+def _bert_module():
+    from predictor.zoo import hf
+
+    cfg = hf.bert_config("bert-large")
+    cfg.num_hidden_layers = 2
+    cfg.vocab_size = 4096
+    return hf._from_config("AutoModelForPreTraining", cfg)
+
+
+@pytest.fixture(scope="module")
+def bert_onnx(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("onnx") / "bert.onnx"
+    dyn = {"input_ids": {0: "batch", 1: "sequence"}, "mlm": {0: "batch", 1: "sequence"},
+           "nsp": {0: "batch"}}
+    # Opset 17: GELU is written out with Erf, which the frontend fuses back.
+    return export(_bert_module(), (torch.zeros(2, 16, dtype=torch.long),), path, ["input_ids"],
+                  ["mlm", "nsp"], dyn, opset=17)
+
+
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_bert_matches_fx(bert_onnx, mode):
+    from predictor.zoo import hf
+
+    ids = torch.zeros(8, 128, dtype=torch.long)
+    fx = predictor.trace(_bert_module, (ids,), loss_fn=hf.bert_pretraining_loss, mode=mode)
+    g = predictor.trace(bert_onnx, batch_size=8, seq_len=128, mode=mode, loss_fn="cross_entropy")
+    assert_agree(fx, g, batches=(1, 8, 32))
+    fams = by_family(g, 8)
+    assert fams[("forward", "elementwise")][0] == by_family(fx, 8)[("forward", "elementwise")][0]
+    if mode == "train":
+        # The tied MLM decoder is one parameter: its two gradients are added.
+        assert g.parameters < sum(int(np.prod(t.dims))
+                                  for t in onnx.load(bert_onnx).graph.initializer)
+
+
+def test_symbolic_sequence_needs_a_size(bert_onnx):
+    with pytest.raises(InvalidArgumentError, match="sequence.*seq_len"):
+        trace_onnx(bert_onnx, batch_size=4)
+    g = trace_onnx(bert_onnx, batch_size=4, dims={"sequence": 64}, mode="inference")
+    assert g.batch_size == 4
+
+
+# ------------------------------------------------------- hand-built graphs --
+
+def _model(nodes, inputs, outputs, inits=(), opset=17, domains=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    ops = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=ops)
+
+
+def _w(name, *shape):
+    return helper.make_tensor(name, TensorProto.FLOAT, shape,
+                              np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+                              .ravel().tolist())
+
+
+def _save(model, tmp_path, name="m.onnx"):
+    path = tmp_path / name
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_unsupported_ops_are_listed_and_estimated(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("FancyOp", ["h"], ["z"], domain="example.custom"),
+             helper.make_node("Relu", ["z"], ["y"])]
+    path = _save(_model(nodes, [x], [y], [_w("w", 64, 64)], domains=["example.custom"]), tmp_path)
+    g = trace_onnx(path, batch_size=32)
+    assert g.unsupported == {"example.custom.FancyOp": 1}
+    unsupported = g.ops.family == L.UNSUPPORTED
+    assert unsupported.any()
+    # estimated from bytes moved, in both passes, never dropped
+    assert set(g.ops.phase[unsupported]) == {L.FORWARD, L.BACKWARD}
+    assert np.all(g.ops.work(32)[1][unsupported] > 0)
+    p = predictor.predict(g, "T4")
+    assert p.unsupported == {"example.custom.FancyOp": 1} and p.iteration_ms > 0
+
+
+def test_attention_op_maps_to_the_attention_family(tmp_path):
+    if onnx.defs.onnx_opset_version() < 23:
+        pytest.skip("this onnx has no Attention op")
+    shape = ["batch", 8, 128, 64]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    nodes = [helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)]
+    path = _save(_model(nodes, ins, [y], opset=23), tmp_path)
+    g = trace_onnx(path, batch_size=4, mode="inference")
+    assert list(g.ops.family) == [L.ATTENTION]
+    assert list(g.ops.dims(4)[0][:7]) == [4, 8, 128, 128, 64, 64, 1]
+
+
+def test_lstm_matches_fx(tmp_path):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(32, 64, num_layers=2)
+            self.head = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0])
+
+    torch.manual_seed(0)
+    net = Net()
+    path = export(net, (torch.randn(20, 2, 32),), tmp_path / "lstm.onnx", ["x"], ["y"],
+                  {"x": {1: "batch"}, "y": {1: "batch"}})
+    g = trace_onnx(path, batch_size=16)
+    fx = predictor.trace(net, (torch.randn(20, 16, 32),), batch_dim=1)
+    for fam in ("lstm", "lstm_bwd"):
+        assert by_family(g, 16)[("forward" if fam == "lstm" else "backward", fam)][0] == 2
+    lstm = g.ops.family == L.LSTM
+    assert sorted(tuple(r[:4]) for r in g.ops.dims(16)[lstm]) == \
+        sorted(tuple(r[:4]) for r in fx.ops.dims(16)[fx.ops.family == L.LSTM])
+    assert g.parameters == fx.parameters
+
+
+def test_static_batch_model_is_fixed_at_its_batch(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [2, 32])
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]  # a batch baked into the graph
+    path = _save(_model(nodes, [x], [y], [shape]), tmp_path)
+    g = trace_onnx(path, mode="inference")
+    assert g.batch_size == 4 and not g.batch_scalable
+    with pytest.raises(InvalidArgumentError, match="only runs at batch 4"):
+        trace_onnx(path, batch_size=8, mode="inference")
+
+
+def test_gelu_erf_pattern_is_one_kernel(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    path = export(net, (torch.randn(2, 16),), tmp_path / "gelu.onnx", ["x"], ["y"],
+                  {"x": {0: "batch"}}, opset=17)
+    assert "Erf" in {n.op_type for n in onnx.load(path).graph.node}
+    g = trace_onnx(path, batch_size=8)
+    names = {g.ops.op_names[i] for i in g.ops.op}
+    assert "gelu" in names and "gelu_backward" in names and "erf" not in names
+
+
+def test_cli_predicts_an_onnx_file(resnet50_onnx, capsys):
+    from predictor import cli
+
+    assert cli.main(["predict", resnet50_onnx, "-b", "16", "--gpus", "T4,H100", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_size"] == 16 and len(out["predictions"]) == 2
+    assert all(p["iteration_ms"] > 0 for p in out["predictions"])
+
+
+def test_loss_choice_and_errors(resnet50_onnx):
+    with pytest.raises(InvalidArgumentError, match="loss"):
+        trace_onnx(resnet50_onnx, loss="hinge")
+    with pytest.raises(InvalidArgumentError, match="by name"):
+        predictor.trace(resnet50_onnx, loss_fn=lambda y: y.sum())
+    with pytest.raises(FileFormatError, match="no such ONNX file"):
+        predictor.trace("does_not_exist.onnx")
+
+
+# ------------------------------------------------ the shared backward rules --
+
+def test_backward_rules_mirror_autograd():
+    T = families.T
+    f32 = torch.float32
+    aten = torch.ops.aten
+    x, w, y = T((64, 128), f32), T((128, 256), f32), T((64, 256), f32)
+    mm = families.Call(aten.mm.default, (x, w), out=y)
+    calls = families.backward_calls(mm, (True, True))
+    assert [c.op for c in calls] == [aten.mm.default, aten.mm.default]
+    assert [c.out.shape for c in calls] == [(64, 128), (128, 256)]
+    assert families.backward_calls(mm, (False, True))[0].out.shape == (128, 256)
+    assert families.backward_calls(mm, (False, False)) == []
+    # optimizer: the same foreach kernels as the traced step
+    rows = families.optimizer_rows([T((1000, 10), f32), T((10,), f32)], "adam")
+    assert {r[0] for r in rows} == {L.OPTIMIZER} and len(rows) == 7
+    assert families.optimizer_rows([T((3,), f32)], None) == []
