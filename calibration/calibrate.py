@@ -148,6 +148,10 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InvalidArgumentError(f"repeats must be a positive integer, got {repeats!r}")
     batches = _batch_sizes(graph, batch_sizes)
+    # numba's OpenMP layer resets the process's OpenMP thread count after a
+    # parallel kernel (a sweep): pin torch's before every measurement.
+    pinned = torch.get_num_threads()
+    torch.set_num_threads(pinned)
     info = probe(dev, spec_id, clock)
     params = model_params()
     ops = graph.ops
@@ -160,6 +164,7 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
     notes: list[str] = []
     source = getattr(graph, "source", None)
     for j, b in enumerate(batches):
+        torch.set_num_threads(pinned)
         times = measure_table(ops, b, dev, repeats=repeats, min_sample_s=MIN_SAMPLE_S[dev.type],
                               progress=progress, clock=clock,
                               description=f"{graph.name}: ops at batch {b}")
@@ -171,6 +176,7 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         ops_ms[j] = float((np.where(have, times.us, model_us) * ops.count).sum() * 1e-3)
         unmeasured_ms[j] = float((model_us * ops.count)[~have].sum() * 1e-3)
         if measure_iteration:
+            torch.set_num_threads(pinned)
             try:
                 step = build_step(source, graph.mode, graph.optimizer, b, dev)
                 iteration_ms[j] = time_step(step, dev, iterations=iterations, clock=clock)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from predictor.commands.calibrate import add_calibration_argument, load_for, target_gpus
 from predictor.commands.common import console, load_specs, positive_int
 
 NAME = "predict"
@@ -31,6 +32,7 @@ def add_parser(sub) -> None:
                    help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
     p.add_argument("--spec", action="append", default=[], metavar="FILE",
                    help="extra GPU spec file (TOML, same layout as the built-in one)")
+    add_calibration_argument(p)
     p.add_argument("--breakdown", type=positive_int, nargs="?", const=10, metavar="N",
                    help="also show the N slowest ops on the fastest GPU (default 10)")
     fmt = p.add_mutually_exclusive_group()
@@ -50,13 +52,14 @@ def trace_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from predictor import engine, hardware
+    from predictor import engine
 
     load_specs(args.spec)
-    chosen = hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
+    gpu_ids = target_gpus(args)  # fail on a bad GPU before tracing
     graph = trace_from_args(args)
-    res = engine.sweep(graph, [g.id for g in chosen], [graph.batch_size], dtype=args.dtype,
-                       tf32_matmul=args.tf32 or None)
+    cal = load_for(args, graph)
+    res = engine.sweep(graph, gpu_ids, [graph.batch_size], dtype=args.dtype,
+                       tf32_matmul=args.tf32 or None, calibration=cal)
     df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
     if args.json:
         out = {
@@ -77,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print_table(graph, df)
     if args.breakdown:
-        pred = engine.predict(graph, df["gpu"][0], dtype=args.dtype, tf32_matmul=args.tf32 or None)
+        pred = engine.predict(graph, df["gpu"][0], dtype=args.dtype, tf32_matmul=args.tf32 or None,
+                              calibration=cal)
         print_breakdown(pred, args.breakdown)
     return 0
 

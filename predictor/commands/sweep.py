@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 
+from predictor.commands.calibrate import add_calibration_argument, load_for, target_gpus
 from predictor.commands.common import console, load_specs, positive_int
 
 NAME = "sweep"
@@ -82,6 +83,7 @@ def add_parser(sub) -> None:
                    help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
     p.add_argument("--spec", action="append", default=[], metavar="FILE",
                    help="extra GPU spec file (TOML, same layout as the built-in one)")
+    add_calibration_argument(p)
     p.add_argument("--plot", metavar="FILE", help="write a plot (.png, .svg or .pdf)")
     p.add_argument("--csv", metavar="FILE", help="write every (GPU, batch size) as CSV")
     p.add_argument("--save-graph", metavar="FILE",
@@ -103,18 +105,19 @@ def load_graph(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from predictor import engine, hardware
+    from predictor import engine
 
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise _bad_argument(f"cannot plot to {args.plot}: use a .png, .svg or .pdf file name")
     load_specs(args.spec)
-    chosen = hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
+    gpu_ids = target_gpus(args)  # fail on a bad GPU before tracing
     graph = load_graph(args)
+    cal = load_for(args, graph)
     if args.save_graph:
         graph.save(args.save_graph)
     start = time.perf_counter()
-    res = engine.sweep(graph, [g.id for g in chosen], args.batch_sizes, dtype=args.dtype,
-                       tf32_matmul=args.tf32 or None)
+    res = engine.sweep(graph, gpu_ids, args.batch_sizes, dtype=args.dtype,
+                       tf32_matmul=args.tf32 or None, calibration=cal)
     seconds = time.perf_counter() - start
     df = res.to_pandas()
     best = res.best("throughput")
