@@ -81,6 +81,7 @@ def _raw_features(s: D.OpSamples) -> np.ndarray:
 def fit_habitat_mlp(s: D.OpSamples, *, seed: int = 0, epochs: int = 30):
     import torch
 
+    torch.set_num_threads(1)
     torch.manual_seed(seed)
     x = _raw_features(s)
     mean, std = x.mean(0), x.std(0) + 1e-6

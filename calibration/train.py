@@ -36,6 +36,7 @@ from predictor.kernels.roofline import P_TF32_CONV, default_params
 # formula counts for 3x3 filters, so a conv can beat "100 %" of the direct roofline.
 ETA_MAX = {F.G_CONV: 2.5}
 HIDDEN = (32, 32)
+MONOTONE_WEIGHT = 50.0
 WEIGHTS_FILE = "opmodels.npz"
 
 
@@ -80,6 +81,9 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     """Fit one group's network and floor by minimising squared log error."""
     import torch
 
+    # One thread: these networks are too small for intra-op parallelism to pay,
+    # and on a busy machine OpenMP's spinning threads slow training a hundredfold.
+    torch.set_num_threads(1)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     mean = x.mean(axis=0)
@@ -89,6 +93,12 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     xt = torch.tensor((x - mean) / std, dtype=torch.float32)
     it = torch.tensor(ideal, dtype=torch.float32)
     yt = torch.tensor(np.log(target_us), dtype=torch.float32)
+    # Feature-space steps of "this GPU, better" (see features.improvement_directions).
+    better = [(torch.tensor(v / std, dtype=torch.float32), sc, sm)
+              for v, sc, sm in F.improvement_directions()]
+    # The compute and memory parts of the ideal time, recovered from features 0 and 1.
+    t_c = torch.tensor(np.exp2(x[:, 0]), dtype=torch.float32)
+    t_m = torch.tensor(np.exp2(x[:, 1]), dtype=torch.float32)
     h1, h2 = hidden
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], h1), torch.nn.Tanh(),
                               torch.nn.Linear(h1, h2), torch.nn.Tanh(), torch.nn.Linear(h2, 1))
@@ -104,8 +114,16 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
         for s in range(0, n, batch):
             idx = order[s:s + batch]
             eta = eta_max * torch.sigmoid(net(xt[idx]).squeeze(-1))
-            pred = torch.nn.functional.softplus(floor_raw) + it[idx] / eta
+            floor = torch.nn.functional.softplus(floor_raw)
+            pred = floor + it[idx] / eta
             loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
+            # The same op on a better GPU must not be predicted slower.
+            for step_x, sc, sm in better:
+                eta2 = eta_max * torch.sigmoid(net(xt[idx] + step_x).squeeze(-1))
+                ideal2 = torch.maximum(t_c[idx] * sc, t_m[idx] * sm)
+                faster = floor + ideal2 / eta2
+                loss = loss + MONOTONE_WEIGHT * torch.relu(
+                    torch.log(faster) - torch.log(pred)).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -30,7 +30,7 @@ G_LAYER_NORM = 4
 N_GROUPS = 5
 GROUP_NAMES = ("matmul", "conv", "elementwise", "softmax", "layer_norm")
 
-N_FEATURES = 27
+N_FEATURES = 23
 
 # Output tiles cuBLAS/cuDNN choose between (rows, cols, blocks resident per SM).
 TILES = ((32, 32, 4), (64, 64, 2), (128, 64, 2), (128, 128, 1), (256, 128, 1))
@@ -83,7 +83,12 @@ def ideal_us(family, dtype_code, d, gpu, params):
 
 @njit(cache=True)
 def row_features(family, dtype_code, d, gpu, params, out):
-    """Fill `out[:N_FEATURES]` for one row on one GPU."""
+    """Fill `out[:N_FEATURES]` for one row on one GPU; returns its model group.
+
+    No feature names the GPU itself (SM count, clock, per-SM throughput): with
+    five training GPUs such features act as an identity and do not transfer
+    (leave-one-GPU-out validation chose this set).
+    """
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
     peak = peak_flops(gpu, family, dtype_code, params)
@@ -95,52 +100,63 @@ def row_features(family, dtype_code, d, gpu, params, out):
     for j in range(N_FEATURES):
         out[j] = 0.0
     # How the op meets the GPU.
-    out[0] = _lg(flops + 1.0) - _lg(peak) + 20.0           # log2 compute time (~us)
-    out[1] = _lg(nbytes + 1.0) - _lg(bw) + 20.0             # log2 memory time (~us)
+    out[0] = _lg((flops + 1.0) / peak * 1e6)                # log2 ideal compute time, us
+    out[1] = _lg((nbytes + 1.0) / bw * 1e6)                 # log2 ideal memory time, us
     out[2] = _lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw)   # intensity vs ridge
     out[3] = _lg(blocks / sms)
     out[4] = wave_utilisation(blocks, slots)
     out[5] = _lg(waves)
     out[6] = _lg(nbytes / (gpu[L.G_L2_MB] * 1048576.0))
-    # The GPU, per SM (what a kernel's blocks see).
-    out[7] = _lg(peak / sms) - 30.0
-    out[8] = _lg(bw / sms) - 30.0
-    out[9] = _lg(sms)
-    out[10] = _lg(gpu[L.G_CLOCK_MHZ])
     # Board power: 70-75 W cards (T4, P4, L4) cannot hold their boost clock on
     # long dense kernels. Clamped so that 250 W and 700 W boards look alike.
-    out[26] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
+    out[7] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
     # The op's own shape.
     if is_gemm(family):
         bt, m, n, k = gemm_shape(family, d)
-        out[11] = _lg(bt)
-        out[12] = _lg(m)
-        out[13] = _lg(n)
-        out[14] = _lg(k)
-        out[15] = _pow2(m)
-        out[16] = _pow2(n)
-        out[17] = _pow2(k)
+        out[8] = _lg(bt)
+        out[9] = _lg(m)
+        out[10] = _lg(n)
+        out[11] = _lg(k)
+        out[12] = _pow2(m)
+        out[13] = _pow2(n)
+        out[14] = _pow2(k)
+        out[15] = _lg(2.0 * m * n * k / (m * n + n * k + m * k))  # GEMM intensity (flop/elem)
         if family != L.MATMUL:
-            out[18] = _lg(d[5])            # kernel size
-            out[19] = _lg(d[10])           # stride
+            out[16] = _lg(d[5])            # kernel size
+            out[17] = _lg(d[10])           # stride
         # Wave quantization under each candidate tile: the library picks one of
         # these, and which one leaves the GPU emptiest is what costs time.
         for t in range(len(TILES)):
             tm, tn, per = TILES[t]
             tiles = bt * ((m + tm - 1) // tm) * ((n + tn - 1) // tn)
-            tslots = int(sms) * per
-            out[20 + t] = wave_utilisation(tiles, tslots)
-        out[25] = _lg(2.0 * m * n * k / (m * n + n * k + m * k))  # GEMM intensity (flop/elem)
+            out[18 + t] = wave_utilisation(tiles, int(sms) * per)
     else:
         inner = max(d[L.MEM_INNER], 1)
         outer = max(d[L.MEM_OUTER], 1)
-        out[11] = _lg(elems)
-        out[12] = _lg(inner)
-        out[13] = _lg(outer)
-        out[14] = _lg(d[L.MEM_READ] / max(d[L.MEM_WRITTEN], 1))
-        out[15] = _pow2(inner)
-        out[16] = _lg(flops / max(elems, 1.0) + 1.0)
+        out[8] = _lg(elems)
+        out[9] = _lg(inner)
+        out[10] = _lg(outer)
+        out[11] = _lg(d[L.MEM_READ] / max(d[L.MEM_WRITTEN], 1))
+        out[12] = _pow2(inner)
+        out[13] = _lg(flops / max(elems, 1.0) + 1.0)
     return group_of(family)
+
+
+def improvement_directions() -> list[tuple[np.ndarray, float, float]]:
+    """How the features move when a GPU gets better: (feature step, factor on
+    the compute time, factor on the memory time) for doubling (a) FLOP/s,
+    bandwidth and L2 together, (b) bandwidth alone, (c) FLOP/s alone. Training
+    penalises predictions that get slower along any of them, which keeps "the
+    same op on a strictly better GPU is never slower" true."""
+    out = []
+    for dc, dm, dl2, scale_c, scale_m in ((-1.0, -1.0, -1.0, 0.5, 0.5),
+                                         (0.0, -1.0, 0.0, 1.0, 0.5),
+                                         (-1.0, 0.0, 0.0, 0.5, 1.0)):
+        v = np.zeros(N_FEATURES)
+        v[0], v[1], v[6] = dc, dm, dl2
+        v[2] = dm - dc  # intensity against the ridge point peak / bandwidth
+        out.append((v, scale_c, scale_m))
+    return out
 
 
 @njit(cache=True)

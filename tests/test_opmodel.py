@@ -1,0 +1,149 @@
+"""The learned per-op models: the per-op API, bounds, monotonicity, weights."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import predictor
+from predictor import hardware, opmodel
+from predictor.kernels import layout as L
+from predictor.opmodel import predict_op, predict_rows
+
+needs_weights = pytest.mark.skipif(opmodel.weights().size == 0,
+                                   reason="no shipped op-model weights in this checkout")
+
+
+@pytest.mark.parametrize("op,shapes,gpu,attrs", [
+    ("linear", [(4096, 1024), (4096, 1024)], "H100-SXM5-80GB", {}),
+    ("bmm", [(16, 512, 64), (16, 64, 512)], "L4", {}),
+    ("conv2d", [(32, 64, 56, 56), (64, 64, 3, 3)], "T4", {"stride": 1, "padding": 1}),
+    ("add", [(512, 1024), (512, 1024)], "A100-SXM4-80GB", {}),
+    ("mul", [(512, 1024)], "V100-PCIE-32GB", {"scalar": True}),
+    ("relu", [(512, 1024)], "T4", {}),
+    ("softmax", [(512, 1024)], "A100", {"dim": -1}),
+    ("layer_norm", [(512, 1024)], "H100", {"normalized_shape": (1024,)}),
+])
+def test_predict_op_examples(op, shapes, gpu, attrs):
+    ms = predict_op(op, shapes, gpu, **attrs)
+    assert math.isfinite(ms) and ms > 0
+
+
+def test_predict_op_orders_gpus():
+    shapes = [(8192, 4096), (4096, 4096)]
+    t4 = predict_op("linear", shapes, "T4")
+    v100 = predict_op("linear", shapes, "V100-SXM2-32GB")
+    h100 = predict_op("linear", shapes, "H100-SXM5-80GB")
+    assert h100 < v100 < t4
+
+
+def test_predict_op_errors():
+    with pytest.raises(predictor.UnknownGPUError):
+        predict_op("linear", [(4, 4), (4, 4)], "H1OO")
+    with pytest.raises(predictor.InvalidArgumentError):
+        predict_op("no_such_op", [(4, 4)], "T4")
+    with pytest.raises(predictor.InvalidArgumentError):
+        predict_op("bmm", [(2, 3, 4), (2, 5, 6)], "T4")
+    with pytest.raises(predictor.InvalidArgumentError):
+        predict_op("linear", [(4, 4), (4, 4)], "T4", dtype="int3")
+
+
+def _rows(fam, dims):
+    d = np.zeros((1, L.MAX_DIMS), dtype=np.int64)
+    d[0, :len(dims)] = dims
+    return np.array([fam]), d
+
+
+GPUS = ["T4", "V100-SXM2-32GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "L4", "P100-PCIE-16GB"]
+dim = st.integers(1, 4096)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 64), m=dim, n=dim, k=dim, gpu=st.sampled_from(GPUS),
+       which=st.integers(0, 3))
+def test_more_gemm_work_is_never_much_faster(b, m, n, k, gpu, which):
+    base = [b, m, n, k]
+    more = list(base)
+    more[which] *= 2  # twice the work along one dim
+    t0 = predict_rows(*_rows(L.MATMUL, base), gpu)[0]
+    t1 = predict_rows(*_rows(L.MATMUL, more), gpu)[0]
+    assert np.isfinite([t0, t1]).all() and min(t0, t1) > 0
+    assert t1 >= 0.9 * t0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 1 << 26), inner=st.sampled_from([1, 7, 64, 768, 1024, 4096]),
+       fam=st.sampled_from([L.ELEMENTWISE, L.SOFTMAX, L.LAYER_NORM]),
+       gpu=st.sampled_from(GPUS))
+def test_more_memory_work_is_never_much_faster(n, inner, fam, gpu):
+    def row(numel):
+        return _rows(fam, [numel, numel, numel, inner, max(numel // inner, 1)])
+
+    t0 = predict_rows(*row(n), gpu)[0]
+    t1 = predict_rows(*row(2 * n), gpu)[0]
+    assert t1 >= 0.9 * t0 > 0
+
+
+def _better(gpu_id: str, factor: float):
+    g = hardware.get(gpu_id)
+    f = g.features.copy()
+    for col in (L.G_MEM_BW_GBS, L.G_FP32_TFLOPS, L.G_TF32_TFLOPS, L.G_FP16_TFLOPS,
+                L.G_BF16_TFLOPS, L.G_CLOCK_MHZ, L.G_L2_MB):
+        f[col] *= factor
+    return f
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=dim, n=dim, k=dim, gpu=st.sampled_from(GPUS), factor=st.floats(1.05, 4.0),
+       fam=st.sampled_from([L.MATMUL, L.ELEMENTWISE, L.SOFTMAX]))
+def test_strictly_better_gpu_is_never_slower(m, n, k, gpu, factor, fam):
+    from predictor.kernels.optime import isolated_times_us
+    from predictor.kernels.roofline import default_params
+
+    if fam == L.MATMUL:
+        f, d = _rows(fam, [1, m, n, k])
+    else:
+        f, d = _rows(fam, [m * n, m * n, m * n, n, m])
+    feats = np.stack([hardware.get(gpu).features, _better(gpu, factor)])
+    t = isolated_times_us(f.repeat(2), np.zeros(2, np.int64), d.repeat(2, axis=0), feats,
+                          np.array([0, 1]), default_params(), opmodel.weights())
+    assert t[1] <= t[0] * 1.02
+
+
+@needs_weights
+def test_graph_predictions_say_learned():
+    g = predictor.trace("gpt2", batch_size=2, seq_len=64)
+    ops = predictor.predict(g, "A100-SXM4-80GB").ops
+    assert set(ops["basis"]) >= {"learned"}
+    assert (ops[ops["family"] == "matmul"]["basis"] == "learned").all()
+
+
+def test_bad_weights_file(tmp_path):
+    bad = tmp_path / "opmodels.npz"
+    bad.write_bytes(b"not a zip file at all")
+    with pytest.raises(opmodel.WeightsError, match="opmodels.npz"):
+        opmodel.read_weights(bad)
+
+
+def test_training_is_seeded(data_dir):
+    from predictor.calibration import datasets as D
+    from predictor.calibration import train as T
+
+    s = D.load_train(data_dir, ops=("softmax",))
+    s = s.subset(np.arange(len(s)) % 7 == 0)
+    a = T.train(s, seed=3, epochs=2)
+    b = T.train(s, seed=3, epochs=2)
+    assert np.array_equal(a, b)
+
+
+def test_accuracy_harness_runs(data_dir):
+    """The harness on the real data with short training: learned beats the
+    plain roofline in-distribution for every family it reports."""
+    from benchmarks import accuracy
+
+    df, _ = accuracy.run(data_dir, epochs=6, log=lambda *_: None)
+    test = df[df.split == "test"].pivot_table(index="family", columns="model", values="mape")
+    assert (test["learned"] < test["roofline"]).all(), test
+    assert np.isfinite(df.mape).all()
