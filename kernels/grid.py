@@ -16,11 +16,14 @@ out for it:
   every GPU of the block (GPU innermost);
 - rows whose dims do not change with the batch size (optimizer steps, fills)
   are evaluated once per GPU and added to every batch size;
+- a row served by a learned model runs one forward pass for the whole block
+  of GPUs (``mlp_block``: GPUs innermost, vectorised) instead of one per GPU;
 - the calibration denominators ``f(row at cal_batch, origin)`` depend on the
   row alone and are computed once per call, not once per configuration.
 
-Scratch memory is O(rows + GPUs) plus one dims vector per task: it does not
-grow with the number of configurations.
+Scratch memory is O(rows + GPUs) plus, per task, one dims vector and the
+learned models' activations for its block of GPUs: it does not grow with the
+number of configurations.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from predictor.kernels import layout as L
+from predictor.kernels.features import N_FEATURES, group_of, ideal_us, row_features
+from predictor.kernels.mlp import has_group
+from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
+from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
 from predictor.kernels.work import dims_at
 
 # Fewest tasks a sweep is split into when the batch sizes alone are too few to
@@ -36,6 +44,11 @@ from predictor.kernels.work import dims_at
 # threads at 2 tasks each. A constant, not numba.get_num_threads(): reading the
 # thread count inside a kernel makes it uncacheable.
 _MIN_TASKS = 16
+# GPUs a task's block holds at least (when there are that many): the learned
+# models' forward pass runs across the block, and short loops waste the
+# vector units; blocks are padded to a multiple of _LANES.
+_MIN_BLOCK = 8
+_LANES = 8
 # Row evaluations (rows x configurations) below which a grid runs on the
 # calling thread alone: about a millisecond of work.
 _MIN_PARALLEL_WORK = 10_000
@@ -86,16 +99,43 @@ def split_rows(dslope):
 
 @njit(cache=True)
 def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, mlp, cal_us, t0,
-             out, bi):
+             out, bi, scratch):
     """out[g, bi, phase[i]] += row i with dims `d` on each of gpus[g0:g1] (ms)."""
     fam, dt, kern, ph = family[i], dtype[i], kernels[i], phase[i]
     ms_per_us = count[i] * 1e-3
     scaled = cal_us.shape[0] > 0 and cal_us[i] > 0.0
+    group = group_of(fam)
+    if has_group(mlp, group):
+        # The learned model, for the whole block of GPUs in one forward pass:
+        # the block form of optime.op_time_us (the tests hold the two equal).
+        x, eta, zbuf, hbuf, acc = scratch
+        for g in range(g0, g1):
+            row_features(fam, dt, d, gpus[g], params, x[g - g0])
+        # All lanes of the scratch: the rows past g1 - g0 stay zero (finite,
+        # ignored), and full vectors run faster than a scalar remainder.
+        efficiency_block(mlp, group, x, x.shape[0], eta, zbuf, hbuf, acc)
+        for g in range(g0, g1):
+            t = ideal_us(fam, dt, d, gpus[g], params) / eta[g - g0] + kern * params[P_LAUNCH_US]
+            if fam == L.LSTM or fam == L.LSTM_BWD:
+                t += d[0] * params[P_LSTM_STEP_US]
+            if scaled:
+                t = cal_us[i] * t / t0[i]
+            out[g, bi, ph] += t * ms_per_us
+        return
     for g in range(g0, g1):
         t = op_time_us(fam, dt, kern, d, gpus[g], params, mlp)
         if scaled:
             t = cal_us[i] * t / t0[i]
         out[g, bi, ph] += t * ms_per_us
+
+
+@njit(cache=True)
+def _scratch(mlp, n):
+    """Per-task scratch of the learned models for blocks of up to n GPUs,
+    rounded up to whole vectors (_LANES)."""
+    lanes = (n + _LANES - 1) // _LANES * _LANES
+    zbuf, hbuf, acc = block_scratch(mlp, lanes)
+    return np.zeros((lanes, N_FEATURES)), np.empty(lanes), zbuf, hbuf, acc
 
 
 @njit(cache=True)
@@ -106,10 +146,11 @@ def _fixed_rows_ms(rows, family, phase, dtype, count, kernels, dbase, dslope, gp
     once per GPU instead of once per configuration."""
     out = np.zeros((gpus.shape[0], 1, n_phases))
     d = np.empty(dbase.shape[1], dtype=np.int64)
+    scratch = _scratch(mlp, gpus.shape[0])
     for i in rows:
         dims_at(dbase, dslope, i, 0, d)
         _add_row(i, d, 0, gpus.shape[0], family, phase, dtype, count, kernels, gpus, params, mlp,
-                 cal_us, t0, out, 0)
+                 cal_us, t0, out, 0, scratch)
     return out
 
 
@@ -122,11 +163,12 @@ def _evaluate_block(bi, g0, g1, rows, fixed_ms, family, phase, dtype, count, ker
         for ph in range(out_ms.shape[2]):
             out_ms[g, bi, ph] += fixed_ms[g, 0, ph]
     d = np.empty(dbase.shape[1], dtype=np.int64)
+    scratch = _scratch(mlp, g1 - g0)
     batch = batches[bi]
     for i in rows:
         dims_at(dbase, dslope, i, batch, d)  # once per batch size, for every GPU
         _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, mlp, cal_us,
-                 t0, out_ms, bi)
+                 t0, out_ms, bi, scratch)
 
 
 @njit(cache=True, parallel=True)
@@ -149,7 +191,7 @@ def evaluate_grid(family, phase, dtype, count, kernels, dbase, dslope, batches, 
                             dbase, dslope, batches, gpus, params, mlp, cal_us, t0, out_ms)
         return
     # GPU blocks per batch size: one when the batch sizes alone fill the threads.
-    blocks = min(ng, max(1, (_MIN_TASKS + nb - 1) // nb))
+    blocks = min(max(1, ng // _MIN_BLOCK), max(1, (_MIN_TASKS + nb - 1) // nb))
     for task in prange(nb * blocks):
         bi = task // blocks
         k = task - bi * blocks

@@ -1,19 +1,21 @@
 """The plain-Python reference of the engine: the test oracle for the kernels.
 
-The same per-op math as ``predictor.kernels`` (``work.py``, ``roofline.py`` and
-the calibration scaling of ``grid.py``), written again in plain Python, one
+The same per-op math as ``predictor.kernels`` (``work.py``, ``roofline.py``,
+the learned models' ``features.py``, ``mlp.py`` and ``optime.py``, and the
+calibration scaling of ``grid.py``), written again in plain Python, one
 op and one configuration at a time, the way Habitat evaluates a model: a loop
 over GPUs x batch sizes x ops, then the host-overhead rule of
-``predictor.overhead``. It shares no code with them beyond the integer codes
-of ``layout``, the parameter-vector indices and the host-cost constants, so a
+``predictor.overhead``. It shares no code with them beyond constants (the
+integer codes of ``layout``, parameter and weight-array indices, tile sizes,
+the host-cost constants), so a
 mistake in one shows up as a disagreement with the other (the tests hold them
 to 1e-6 relative). It is also the baseline the sweep benchmark compares against.
 
 Each function mirrors the kernel function of the same name. Integers stay
 Python ints where the kernel uses int64 and floats stay floats where it uses
 float64, so the results agree to rounding as long as no int64 overflows.
-When the kernels' model changes (a learned efficiency in ``op_time_us``),
-change the function of the same name here.
+When a kernel function changes, change the function of the same name here
+(``analytical_time_us`` mirrors ``roofline.op_time_us``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from predictor.kernels import features as F
 from predictor.kernels import layout as L
+from predictor.kernels import mlp as M
 from predictor.kernels import roofline as R
 from predictor.kernels import work as W
 
@@ -142,12 +146,9 @@ def block_slots(gpu: Sequence[float], per_sm_cap: int, threads: int) -> int:
     return max(int(per_sm), 1) * int(gpu[L.G_SMS])
 
 
-def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
-               gpu: Sequence[float], params, mlp) -> float:
-    """Time of one execution of a row (us): roofline with wave quantization."""
-    if len(mlp):
-        raise NotImplementedError("the reference has no learned-efficiency model yet; "
-                                  "mirror the kernels' MLP here before testing with weights")
+def analytical_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
+                       gpu: Sequence[float], params, mlp=()) -> float:
+    """roofline.op_time_us: roofline with wave quantization (us)."""
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
     blocks, per_sm, threads = thread_blocks(family, d)
@@ -163,6 +164,126 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                        * params[R.P_ETA_C + family] * util) * 1e6
     t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family] * util_m) * 1e6
     t = max(t_c, t_m) + kernels * params[R.P_LAUNCH_US]
+    if family in (L.LSTM, L.LSTM_BWD):
+        t += d[0] * params[R.P_LSTM_STEP_US]
+    return t
+
+
+# ---- kernels/features.py -----------------------------------------------------------
+
+def group_of(family: int) -> int:
+    if family == L.MATMUL:
+        return F.G_MATMUL
+    if family in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
+        return F.G_CONV
+    if family in (L.SOFTMAX, L.SOFTMAX_BWD):
+        return F.G_SOFTMAX
+    if family in (L.LAYER_NORM, L.LAYER_NORM_BWD):
+        return F.G_LAYER_NORM
+    if family in (L.ELEMENTWISE, L.DROPOUT, L.COPY, L.FILL, L.LOSS, L.OPTIMIZER,
+                  L.UNSUPPORTED):
+        return F.G_ELEMENTWISE
+    return F.G_NONE
+
+
+def _lg(x: float) -> float:
+    return math.log2(max(x, 1e-30))
+
+
+def _pow2(x) -> float:
+    x = max(int(x), 1)
+    n = 0
+    while n < 7 and x % 2 == 0:
+        x //= 2
+        n += 1
+    return n / 7.0
+
+
+def ideal_us(family: int, dtype_code: int, d, gpu, params) -> float:
+    flops, elems = flops_and_elems(family, d)
+    nbytes = elems * row_elem_bytes(dtype_code)
+    t_c = flops / peak_flops(gpu, family, dtype_code, params) * 1e6
+    t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+    return max(t_c, t_m, 1e-6)
+
+
+def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
+    """The learned models' input vector for one row on one GPU."""
+    flops, elems = flops_and_elems(family, d)
+    nbytes = elems * row_elem_bytes(dtype_code)
+    peak = peak_flops(gpu, family, dtype_code, params)
+    bw = gpu[L.G_MEM_BW_GBS] * 1e9
+    sms = gpu[L.G_SMS]
+    blocks, per_sm, threads = thread_blocks(family, d)
+    slots = block_slots(gpu, per_sm, threads)
+    x = [0.0] * F.N_FEATURES
+    x[0] = _lg((flops + 1.0) / peak * 1e6)
+    x[1] = _lg((nbytes + 1.0) / bw * 1e6)
+    x[2] = _lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw)
+    x[3] = _lg(blocks / sms)
+    x[4] = wave_utilisation(blocks, slots)
+    x[5] = _lg(_cdiv(blocks, slots))
+    x[6] = _lg(nbytes / (gpu[L.G_L2_MB] * 1048576.0))
+    x[7] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
+    if _is_gemm(family):
+        bt, m, n, k = gemm_shape(family, d)
+        x[8:16] = [_lg(bt), _lg(m), _lg(n), _lg(k), _pow2(m), _pow2(n), _pow2(k),
+                   _lg(2.0 * m * n * k / (m * n + n * k + m * k))]
+        if family != L.MATMUL:
+            x[16], x[17] = _lg(d[5]), _lg(d[10])
+        for t, (tm, tn, per) in enumerate(F.TILES):
+            x[18 + t] = wave_utilisation(bt * _cdiv(m, tm) * _cdiv(n, tn), int(sms) * per)
+    else:
+        x[8] = _lg(elems)
+        x[9] = _lg(max(d[L.MEM_INNER], 1))
+        x[10] = _lg(max(d[L.MEM_OUTER], 1))
+        x[11] = _lg(d[L.MEM_READ] / max(d[L.MEM_WRITTEN], 1))
+        x[12] = _pow2(max(d[L.MEM_INNER], 1))
+        x[13] = _lg(flops / max(elems, 1.0) + 1.0)
+    return x
+
+
+# ---- kernels/mlp.py --------------------------------------------------------------
+
+def has_group(mlp, group: int) -> bool:
+    if len(mlp) == 0 or group < 0 or group >= int(mlp[0]):
+        return False
+    return mlp[1 + M.HEADER * group] > 0
+
+
+def efficiency(mlp, group: int, x: Sequence[float]) -> float:
+    """The group's network: normalise, two tanh layers, a scaled sigmoid."""
+    h = 1 + M.HEADER * group
+    off, n_in, h1, h2 = (int(v) for v in mlp[h:h + 4])
+    eta_max = mlp[h + 4]
+    mean, std = mlp[off:off + n_in], mlp[off + n_in:off + 2 * n_in]
+    w1 = off + 2 * n_in
+    b1 = w1 + h1 * n_in
+    w2 = b1 + h1
+    b2 = w2 + h2 * h1
+    w3 = b2 + h2
+    z_in = [(x[i] - mean[i]) / std[i] for i in range(n_in)]
+    hidden = [math.tanh(mlp[b1 + j] + sum(mlp[w1 + j * n_in + i] * z_in[i] for i in range(n_in)))
+              for j in range(h1)]
+    z = mlp[w3 + h2] + sum(
+        mlp[w3 + j] * math.tanh(mlp[b2 + j] + sum(mlp[w2 + j * h1 + i] * hidden[i]
+                                                  for i in range(h1)))
+        for j in range(h2))
+    return eta_max / (1.0 + math.exp(-z))
+
+
+# ---- kernels/optime.py -------------------------------------------------------------
+
+def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
+               gpu: Sequence[float], params, mlp) -> float:
+    """Time of one execution of a row (us): the ideal roofline time over a
+    learned efficiency where the row's group has a model, else the analytical
+    roofline."""
+    group = group_of(family)
+    if not has_group(mlp, group):
+        return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
+    eta = efficiency(mlp, group, row_features(family, dtype_code, d, gpu, params))
+    t = ideal_us(family, dtype_code, d, gpu, params) / eta + kernels * params[R.P_LAUNCH_US]
     if family in (L.LSTM, L.LSTM_BWD):
         t += d[0] * params[R.P_LSTM_STEP_US]
     return t
@@ -190,6 +311,7 @@ def evaluate_grid(family, phase, dtype, count, kernels, dbase, dslope, batches, 
     rows = _plain(family, phase, dtype, count, kernels, dbase, dslope)
     family, phase, dtype, count, kernels, dbase, dslope = rows
     params = [float(x) for x in params]
+    mlp = [float(x) for x in mlp]
     cal_us = [float(x) for x in cal_us]
     cal_batch = [int(x) for x in cal_batch]
     origin = [float(x) for x in origin]
@@ -256,7 +378,7 @@ def sweep(graph, gpu_features, batches, params, mlp=(), dtype_code: int | None =
     ops = graph.ops
     gpu = evaluate_grid(ops.family, ops.phase, cast_dtype(ops.dtype, dtype_code), ops.count,
                         ops.kernels, ops.dbase, ops.dslope, batches, gpu_features, params,
-                        list(mlp), cal_us, cal_batch, origin)
+                        mlp, cal_us, cal_batch, origin)
     host = host_phase_ms(graph)
     total = np.empty_like(gpu)
     for g in range(gpu.shape[0]):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from hypothesis import strategies as st
 import predictor
 from predictor import cli, engine, hardware, reference
 from predictor.commands.sweep import parse_batch_sizes
+from predictor.calibration.train import GroupModel, pack
 from predictor.errors import FileFormatError
+from predictor.kernels.features import G_CONV, G_ELEMENTWISE, N_FEATURES, N_GROUPS
 from predictor.kernels import layout as L
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.optable import Graph, OpTable
@@ -40,14 +43,16 @@ def _row(draw):
     family = draw(st.integers(0, L.N_FAMILIES - 1))
     base = np.zeros(L.MAX_DIMS, dtype=np.int64)
     slope = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    # GEMM-like rows have no empty dims (an empty GEMM launches no kernel).
     if family == L.MATMUL:
-        base[:4] = [draw(_SMALL) for _ in range(4)]
+        base[:4] = [draw(_POS) for _ in range(4)]
         scaling = draw(st.sampled_from([0, 1]))
     elif family in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
-        n, c, k = draw(_SMALL), draw(_POS), draw(_POS)
+        n, c = draw(_POS), draw(_POS)
         h, w, p, q = (draw(st.integers(1, 256)) for _ in range(4))
         r, s = draw(st.integers(1, 7)), draw(st.integers(1, 7))
         groups = draw(st.sampled_from([0, 1, 2, 4, 32, c]))
+        k = max(draw(_POS), groups)
         base[:11] = [n, c, h, w, k, r, s, p, q, groups, draw(st.integers(1, 2))]
         scaling = 0
     elif family in (L.ATTENTION, L.ATTENTION_BWD):
@@ -81,14 +86,35 @@ def _graph(ops: OpTable, name: str = "random") -> Graph:
     return Graph(name=name, ops=ops, batch_size=1)
 
 
-def _reference(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=None):
+def _learned_weights(seed: int, groups=range(N_GROUPS), hidden=(12, 8)) -> np.ndarray:
+    """Random networks in the shipped weight layout (what training writes), so
+    the learned path is tested whether or not trained weights are present."""
+    rng = np.random.default_rng(seed)
+    models = {}
+    for g in groups:
+        n_in, (h1, h2) = N_FEATURES, hidden
+        layers = [(rng.normal(0, 0.4, (h1, n_in)), rng.normal(0, 0.3, h1)),
+                  (rng.normal(0, 0.4, (h2, h1)), rng.normal(0, 0.3, h2)),
+                  (rng.normal(0, 0.4, h2), float(rng.normal(0, 0.3)))]
+        models[g] = GroupModel(g, rng.normal(0, 3, n_in), rng.uniform(0.5, 4, n_in), layers,
+                               float(rng.uniform(1, 20)), float(rng.uniform(0.6, 2.5)))
+    return pack(models)
+
+
+NO_MLP = np.zeros(0)
+WEIGHTS = {"analytical": NO_MLP, "learned": _learned_weights(0),
+           "some learned": _learned_weights(1, groups=(G_CONV, G_ELEMENTWISE))}
+
+
+def _reference(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=None, mlp=NO_MLP):
     db = hardware.database()
     feats = [g.features for g in db.resolve(gpus)]
     params = engine.model_params(tf32_matmul, tf32_conv)
-    return reference.sweep(graph, feats, batches, params, dtype_code=DTYPE_CODES[dtype])
+    return reference.sweep(graph, feats, batches, params, mlp, dtype_code=DTYPE_CODES[dtype])
 
 
-def _kernel_grid(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=None):
+def _kernel_grid(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=None,
+                 mlp=NO_MLP):
     """The GPU-kernel part of a sweep: evaluate_grid on the engine's inputs."""
     db = hardware.database()
     code = DTYPE_CODES[dtype]
@@ -97,19 +123,21 @@ def _kernel_grid(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=N
     out = np.zeros((feats.shape[0], len(batches), len(L.PHASE_NAMES)))
     evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
                   ops.dslope, np.asarray(batches, dtype=np.int64), feats,
-                  engine.model_params(tf32_matmul, tf32_conv), np.zeros(0), np.zeros(0),
+                  engine.model_params(tf32_matmul, tf32_conv), mlp, np.zeros(0),
                   np.zeros(0, dtype=np.int64), np.zeros(L.N_GPU_FEATURES), out)
     return out
 
 
-def _check(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=None):
-    """engine.sweep end to end, and its kernel part alone, against the reference."""
-    res = engine.sweep(graph, gpus, batches, dtype=dtype, tf32_matmul=tf32_matmul,
-                       tf32_conv=tf32_conv)
-    ref = _reference(graph, gpus, batches, dtype, tf32_matmul, tf32_conv)
+def _check(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=None, mlp=NO_MLP):
+    """engine.sweep end to end (with `mlp` as the engine's learned weights), and
+    its kernel part alone, against the reference."""
+    with mock.patch.object(engine, "_mlp", lambda: mlp):
+        res = engine.sweep(graph, gpus, batches, dtype=dtype, tf32_matmul=tf32_matmul,
+                           tf32_conv=tf32_conv)
+    ref = _reference(graph, gpus, batches, dtype, tf32_matmul, tf32_conv, mlp)
     assert res.phase_ms.shape == ref.phase_ms.shape
     np.testing.assert_allclose(res.phase_ms, ref.phase_ms, rtol=RTOL, atol=1e-300)
-    grid = _kernel_grid(graph, gpus, batches, dtype, tf32_matmul, tf32_conv)
+    grid = _kernel_grid(graph, gpus, batches, dtype, tf32_matmul, tf32_conv, mlp)
     np.testing.assert_allclose(grid, ref.gpu_phase_ms, rtol=RTOL, atol=1e-300)
     assert np.isfinite(res.phase_ms).all() and (res.phase_ms >= 0).all()
     return res
@@ -123,9 +151,10 @@ def _check(graph, gpus, batches, dtype=None, tf32_matmul=None, tf32_conv=None):
        gpus=st.lists(st.sampled_from(ALL_GPUS), min_size=1, max_size=len(ALL_GPUS),
                      unique=True),
        dtype=st.sampled_from(sorted(DTYPE_CODES, key=str)),
-       tf32=st.tuples(st.sampled_from([None, False, True]), st.sampled_from([None, False, True])))
-def test_sweep_matches_reference_on_random_tables(rows, batches, gpus, dtype, tf32):
-    res = _check(_graph(_table(rows)), gpus, batches, dtype, *tf32)
+       tf32=st.tuples(st.sampled_from([None, False, True]), st.sampled_from([None, False, True])),
+       weights=st.sampled_from(sorted(WEIGHTS)))
+def test_sweep_matches_reference_on_random_tables(rows, batches, gpus, dtype, tf32, weights):
+    res = _check(_graph(_table(rows)), gpus, batches, dtype, *tf32, mlp=WEIGHTS[weights])
     assert res.gpus == list(dict.fromkeys(gpus))
     assert list(res.batch_sizes) == batches
 
@@ -149,38 +178,40 @@ def test_calibrated_grid_matches_reference(rows, batches, data):
     # Every calibrated row needs a positive model time at its calibration point.
     ops.kernels[cal_us > 0] = np.maximum(ops.kernels[cal_us > 0], 1)
     params = engine.model_params()
+    mlp = WEIGHTS[data.draw(st.sampled_from(sorted(WEIGHTS)))]
     b = np.asarray(batches, dtype=np.int64)
     out = np.zeros((gpus.shape[0], len(b), 3))
     evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase, ops.dslope,
-                  b, gpus, params, np.zeros(0), cal_us, cal_batch, origin, out)
+                  b, gpus, params, mlp, cal_us, cal_batch, origin, out)
     ref = reference.evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels,
-                                  ops.dbase, ops.dslope, b, gpus, params, [], cal_us, cal_batch,
+                                  ops.dbase, ops.dslope, b, gpus, params, mlp, cal_us, cal_batch,
                                   origin)
     np.testing.assert_allclose(out, ref, rtol=RTOL, atol=1e-300)
     per_op = np.zeros(n)
     evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, b[0], gpus[0], params,
-                 np.zeros(0), cal_us, cal_batch, origin, per_op)
+                 mlp, cal_us, cal_batch, origin, per_op)
     plain = reference._plain(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope)
-    want = [reference.row_time_us(i, *plain[:3], *plain[3:], int(b[0]), list(gpus[0]), params, [],
+    want = [reference.row_time_us(i, *plain, int(b[0]), list(gpus[0]), params, mlp,
                                   cal_us.tolist(), cal_batch.tolist(), list(origin))
             for i in range(n)]
     np.testing.assert_allclose(per_op, want, rtol=RTOL, atol=1e-300)
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.lists(_row(), min_size=40, max_size=60))
-def test_parallel_grid_matches_reference(rows):
+@given(rows=st.lists(_row(), min_size=40, max_size=60), weights=st.sampled_from(sorted(WEIGHTS)))
+def test_parallel_grid_matches_reference(rows, weights):
     """A grid large enough for the threaded path, with uneven GPU blocks."""
     graph = _graph(_table(rows))
     batches = [1, 7, 2**20]
     assert len(graph.ops) * len(ALL_GPUS) * len(batches) > 3000
-    _check(graph, ALL_GPUS, batches)
+    _check(graph, ALL_GPUS, batches, mlp=WEIGHTS[weights])
 
 
-@pytest.mark.parametrize("dtype", [None, "float16"])
-def test_resnet50_sweep_matches_reference(resnet50_graph, dtype):
+@pytest.mark.parametrize("dtype,weights", [(None, "analytical"), ("float16", "analytical"),
+                                           (None, "learned")])
+def test_resnet50_sweep_matches_reference(resnet50_graph, dtype, weights):
     batches = [1, 3, 64, 1000, 2**20]
-    _check(resnet50_graph, "all", batches, dtype)
+    _check(resnet50_graph, "all", batches, dtype, mlp=WEIGHTS[weights])
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +249,8 @@ def test_mixed_model_sweep_matches_reference(mixed_graph):
     fams = set(mixed_graph.ops.family.tolist())
     assert {L.CONV, L.LSTM, L.ATTENTION, L.LAYER_NORM, L.OPTIMIZER} <= fams
     batches = [1, 2, 5, 512, 2**20]
-    for dtype in (None, "bfloat16"):
-        _check(mixed_graph, "all", batches, dtype, True)
+    for dtype, weights in ((None, "analytical"), ("bfloat16", "learned")):
+        _check(mixed_graph, "all", batches, dtype, True, mlp=WEIGHTS[weights])
 
 
 # ---- one engine: predict is a cell of the sweep --------------------------------------
@@ -227,7 +258,7 @@ def test_mixed_model_sweep_matches_reference(mixed_graph):
 def test_predict_is_one_cell_of_the_sweep(resnet50_graph):
     gpus, batches = ["T4", "A100-SXM4-80GB", "H100-SXM5-80GB"], [8, 64, 96]
     res = engine.sweep(resnet50_graph, gpus, batches, dtype="bfloat16")
-    grid = _kernel_grid(resnet50_graph, gpus, batches, dtype="bfloat16")
+    grid = _kernel_grid(resnet50_graph, gpus, batches, dtype="bfloat16", mlp=engine._mlp())
     for gi, gpu in enumerate(gpus):
         for bi, b in enumerate(batches):
             p = engine.predict(resnet50_graph, gpu, batch_size=b, dtype="bfloat16")
