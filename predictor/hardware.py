@@ -73,11 +73,30 @@ def _normalise(name: str) -> str:
     return re.sub(r"[\s_\-]+", "", str(name).strip().lower())
 
 
+# Physically possible ranges (generous: 100x beyond any GPU made). A value
+# outside them is a typo or a hostile file, and would overflow the integer
+# arithmetic of the kernels (an SM count of 1e20 is not a GPU).
+_RANGES = {
+    "sms": (1, 1e5), "boost_clock_mhz": (1, 1e5), "memory_bw_gbs": (1e-3, 1e7),
+    "memory_gb": (1e-3, 1e7), "l2_mb": (1e-3, 1e6), "max_threads_per_sm": (32, 1e5),
+    "max_blocks_per_sm": (1, 1e4), "registers_per_sm": (1024, 1e8),
+    "shared_mem_per_sm_kb": (1, 1e6),
+}
+_TFLOPS_RANGE = (1e-6, 1e7)
+_WHOLE = {"sms", "max_threads_per_sm", "max_blocks_per_sm", "registers_per_sm"}
+
+
 def _number(spec: dict, key: str, where: str) -> float:
     value = spec[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value <= 0:
         raise SpecError(f"{where}: field '{key}' must be a positive number, got {value!r}")
+    lo, hi = _RANGES.get(key, _TFLOPS_RANGE if key.endswith("_tflops") else (0, math.inf))
+    if not lo <= value <= hi:
+        raise SpecError(f"{where}: field '{key}' = {value!r} is outside the possible range "
+                        f"{lo:g}..{hi:g}")
+    if key in _WHOLE and value != int(value):
+        raise SpecError(f"{where}: field '{key}' must be a whole number, got {value!r}")
     return float(value)
 
 
@@ -105,7 +124,13 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
         f[L.G_FP64_TFLOPS] = f[L.G_FP32_TFLOPS] / 32
     # Multi-die packages (MI250: 2 GCDs) appear to PyTorch as one device per die.
     dies = spec.get("dies", 1)
-    if isinstance(dies, int) and dies > 1:
+    if isinstance(dies, bool) or not isinstance(dies, int) or not 1 <= dies <= f[L.G_SMS]:
+        raise SpecError(f"{where}: field 'dies' must be a whole number from 1 to the SM count, "
+                        f"got {dies!r}")
+    aliases = spec.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise SpecError(f"{where}: field 'aliases' must be a list of names, got {aliases!r}")
+    if dies > 1:
         for col in (L.G_SMS, L.G_MEM_BW_GBS, L.G_MEMORY_GB, L.G_FP32_TFLOPS, L.G_TF32_TFLOPS,
                     L.G_FP16_TFLOPS, L.G_BF16_TFLOPS, L.G_FP64_TFLOPS, L.G_FP8_TFLOPS):
             f[col] /= dies

@@ -156,6 +156,8 @@ class Graph:
 # here. Loading never unpickles anything and only builds predictor classes.
 
 GRAPH_FORMAT = 1
+# Unpacked size beyond which a file is not a saved graph (the largest zoo graph is ~1 MB).
+MAX_GRAPH_FILE_BYTES = 1 << 31
 
 
 def save_graph(graph: Graph, path: str | Path) -> Path:
@@ -174,11 +176,19 @@ def save_graph(graph: Graph, path: str | Path) -> Path:
 def load_graph(path: str | Path) -> Graph:
     path = Path(path)
     try:
+        with zipfile.ZipFile(path) as zf:  # a zip bomb would exhaust memory below
+            unpacked = sum(i.file_size for i in zf.infolist())
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        unpacked = 0  # np.load below says what is wrong with it
+    if unpacked > MAX_GRAPH_FILE_BYTES:
+        raise FileFormatError(f"{path}: {unpacked / 2**30:.0f} GiB unpacked, too large for a "
+                              "saved graph")
+    try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise FileFormatError(f"no saved graph at {path}") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile) as exc:
         raise FileFormatError(f"{path} is not a saved graph ({exc})") from None
     try:
         header = json.loads(arrays.pop("header").tobytes().decode())
@@ -188,10 +198,12 @@ def load_graph(path: str | Path) -> Graph:
         graph = _decode(header["graph"], arrays)
         if not isinstance(graph, Graph):
             raise ValueError("no graph in the file")
-        return graph
     except (KeyError, TypeError, ValueError, AttributeError, ImportError,
-            UnicodeDecodeError) as exc:
+            UnicodeDecodeError, RecursionError) as exc:
         raise FileFormatError(f"{path} is not a saved graph ({exc})") from None
+    from predictor.validate import check_graph
+
+    return check_graph(graph, f"{path} (saved graph)")  # codes and sizes the kernels can take
 
 
 def _encode(value, key: str, arrays: dict):

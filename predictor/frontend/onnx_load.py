@@ -420,7 +420,12 @@ def _infer(nodes: list[onnx.NodeProto], model: onnx.ModelProto, p: Path,
                 pass
         for o, v in outs.items():
             if v is not None and v.shape is not None:
-                _check_shape(v.shape, o, p)
+                try:
+                    _check_shape(v.shape, o, p)
+                except FileFormatError:
+                    if strict:
+                        raise
+                    raise _ShapeFailure(o) from None  # say it at the file's own shapes
             if v is not None:
                 values[o] = v
         if node.op_type in _SAME_SIZE and not domain and ins and ins[0] is not None:
