@@ -112,7 +112,7 @@ MODELS = {
 # ----------------------------------------------------------------------- run --
 
 def run_model(name: str, batch: int, factor: int, repeats: int, iterations: int, clock: str,
-              progress: bool) -> dict:
+              threads: int, progress: bool, measure_iterations: int) -> dict:
     import predictor
     from predictor.calibration.step import build_step, time_step
 
@@ -121,14 +121,17 @@ def run_model(name: str, batch: int, factor: int, repeats: int, iterations: int,
     graph = predictor.trace(make(), inputs(batch), loss_fn=loss, batch_size=batch, name=name)
     t0 = time.perf_counter()
     cal = predictor.calibrate(graph, device="cpu", repeats=repeats, batch_sizes=[batch, 2 * batch],
-                              iterations=iterations, clock=clock, progress=progress)
+                              iterations=iterations, clock=clock, threads=threads,
+                              progress=progress)
     cal_s = time.perf_counter() - t0
     target = factor * batch
     pred = predictor.predict(graph, "cpu", calibration=cal, batch_size=target)
     # The real step at the target batch: built and timed exactly as the
-    # calibration times its own real iterations.
+    # calibration times its own real iterations, at the same thread count
+    # (numba's OpenMP layer resets it after a parallel kernel).
+    torch.set_num_threads(threads)
     step = build_step(graph.source, graph.mode, graph.optimizer, target, torch.device("cpu"))
-    real = time_step(step, torch.device("cpu"), iterations=iterations, clock=clock)
+    real = time_step(step, torch.device("cpu"), iterations=measure_iterations, clock=clock)
     del step
     pure = _pure_cpu(graph, cal, target)
     return {
@@ -153,7 +156,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="calibration batch size b")
     ap.add_argument("--factor", type=int, default=4, help="predict and measure batch factor x b")
     ap.add_argument("--repeats", type=int, default=5, help="timing samples per op")
-    ap.add_argument("--iterations", type=int, default=5, help="timed real iterations (median)")
+    ap.add_argument("--iterations", type=int, default=5,
+                    help="real iterations the calibration times per batch size (median)")
+    ap.add_argument("--measure-iterations", type=int, default=7,
+                    help="real iterations timed at the predicted batch size (median)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     ap.add_argument("--no-progress", action="store_true")
@@ -161,14 +167,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{args.threads} thread(s), clock={args.clock}, repeats={args.repeats}, "
-          f"iterations={args.iterations}")
+          f"iterations={args.iterations}, measured iterations={args.measure_iterations}")
     rows = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         if name not in MODELS:
             print(f"unknown model {name!r}; choose from {', '.join(MODELS)}", file=sys.stderr)
             return 2
         r = run_model(name, args.batch, args.factor, args.repeats, args.iterations, args.clock,
-                      not args.no_progress)
+                      args.threads, not args.no_progress, args.measure_iterations)
         cal = r["cal"]
         s = cal.summary()
         print(f"\n## {name}: calibrated at batch {s['batch_sizes']} in {r['cal_s']:.0f} s "

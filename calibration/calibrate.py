@@ -111,7 +111,8 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
     device: "cpu", "cuda", "cuda:1", a torch.device, or None (CUDA when present).
     repeats: timing samples per op (median); default 5 on a CPU, 15 on CUDA.
     batch_sizes: where to measure; default the graph's batch size and twice it.
-    iterations: timed real iterations per batch size (median, after 2 warm-ups).
+    iterations: timed real iterations per batch size (median, after a warm-up),
+        interleaved with the `repeats` passes over the ops.
     measure_iteration: also time the real step (needs the model's source; a
         graph loaded from a file has none, and the overhead model stays empty).
     spec_id: the GPU's id in the spec database when its name does not match one.
@@ -137,7 +138,7 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
     from predictor.calibration.device import probe, resolve_device
     from predictor.calibration.file import Calibration, OverheadModel, graph_fingerprint, now_iso
     from predictor.calibration.measure import measure_table
-    from predictor.calibration.step import StepUnavailable, build_step, time_step
+    from predictor.calibration.step import StepUnavailable, build_step, step_samples
     from predictor.engine import model_params
 
     if clock not in ("wall", "cpu"):
@@ -147,6 +148,8 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         repeats = DEFAULT_REPEATS[dev.type]
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InvalidArgumentError(f"repeats must be a positive integer, got {repeats!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise InvalidArgumentError(f"iterations must be a positive integer, got {iterations!r}")
     batches = _batch_sizes(graph, batch_sizes)
     # numba's OpenMP layer resets the process's OpenMP thread count after a
     # parallel kernel (a sweep): pin torch's before every measurement.
@@ -165,9 +168,39 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
     source = getattr(graph, "source", None)
     for j, b in enumerate(batches):
         torch.set_num_threads(pinned)
+        real: list[float] = []
+        step = None
+        if measure_iteration:
+            try:
+                step = build_step(source, graph.mode, graph.optimizer, b, dev)
+                step_samples(step, dev, iterations=1, warmup=1, clock=clock)  # warm-up
+            except StepUnavailable as exc:
+                notes.append(f"real iteration not measured: {exc}")
+                measure_iteration, step = False, None
+            except (RuntimeError, ValueError, TypeError) as exc:
+                step = None
+                notes.append(_step_failed(b, exc, dev))
+        def between_passes(p: int) -> None:
+            # Real iterations interleaved with the op passes see the same
+            # interference from other work on the machine as the ops do;
+            # `iterations` of them spread evenly over the `repeats` passes.
+            nonlocal step
+            count = (p + 1) * iterations // repeats - p * iterations // repeats
+            if step is None or count == 0:
+                return
+            torch.set_num_threads(pinned)
+            try:
+                real.extend(step_samples(step, dev, iterations=count, warmup=0, clock=clock))
+            except (RuntimeError, ValueError, TypeError) as exc:
+                step = None
+                notes.append(_step_failed(b, exc, dev))
+
         times = measure_table(ops, b, dev, repeats=repeats, min_sample_s=MIN_SAMPLE_S[dev.type],
-                              progress=progress, clock=clock,
+                              progress=progress, clock=clock, between_passes=between_passes,
                               description=f"{graph.name}: ops at batch {b}")
+        step = None
+        if real:
+            iteration_ms[j] = float(np.median(real))
         measured[j] = times.us
         for reason, n in times.skipped.items():
             skipped[reason] = max(skipped.get(reason, 0), n)
@@ -175,20 +208,6 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         have = times.us > 0
         ops_ms[j] = float((np.where(have, times.us, model_us) * ops.count).sum() * 1e-3)
         unmeasured_ms[j] = float((model_us * ops.count)[~have].sum() * 1e-3)
-        if measure_iteration:
-            torch.set_num_threads(pinned)
-            try:
-                step = build_step(source, graph.mode, graph.optimizer, b, dev)
-                iteration_ms[j] = time_step(step, dev, iterations=iterations, clock=clock)
-                del step
-            except StepUnavailable as exc:
-                notes.append(f"real iteration not measured: {exc}")
-                measure_iteration = False
-            except (RuntimeError, ValueError, TypeError) as exc:
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-                notes.append(f"real iteration at batch {b} not measured: "
-                             f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}")
     if skipped:
         notes.append(f"{sum(skipped.values())} of {len(ops)} rows not measured; the model "
                      "predicts them")
@@ -199,6 +218,15 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         iteration_ms=iteration_ms, ops_ms=ops_ms, unmeasured_ms=unmeasured_ms,
         overhead=overhead, skipped=skipped, settings=_settings(dev, info, clock, repeats, graph),
         notes=notes, created=now_iso())
+
+
+def _step_failed(batch: int, exc: BaseException, dev) -> str:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return (f"real iteration at batch {batch} not measured: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}")
 
 
 def load_calibration(path, graph=None):

@@ -524,29 +524,37 @@ def host_clock(name: str) -> Callable[[], float]:
 
 def time_runner(fn: Runner, device: torch.device, repeats: int = 7, min_sample_s: float = 2e-3,
                 warmup_s: float = 0.02, clock: str = "wall") -> float:
-    """Median time of one call of `fn`, microseconds.
+    """Median time of one call of `fn`, microseconds (`repeats` samples)."""
+    return float(statistics.median(sample_runner(fn, device, repeats, min_sample_s, warmup_s,
+                                                 clock)))
 
-    Warm-up calls run until `warmup_s` has passed (at least two); each of the
-    `repeats` samples then runs enough calls to last `min_sample_s`, so that
-    timer resolution and per-sample jitter do not dominate short ops. On CUDA
-    the samples are CUDA-event intervals (`clock` is ignored).
+
+def sample_runner(fn: Runner, device: torch.device, samples: int = 1, min_sample_s: float = 2e-3,
+                  warmup_s: float = 0.02, clock: str = "wall", min_warmup_calls: int = 2
+                  ) -> list[float]:
+    """`samples` timings of one call of `fn`, microseconds each.
+
+    Warm-up calls run until `warmup_s` has passed (at least
+    `min_warmup_calls`); each sample then runs enough calls to last
+    `min_sample_s`, so that timer resolution and per-sample jitter do not
+    dominate short ops. On CUDA the samples are CUDA-event intervals after a
+    synchronisation (`clock` is ignored).
     """
-    repeats = max(int(repeats), 1)
     now = host_clock(clock)
     _sync(device)
     start = now()
     calls = 0
-    while calls < 2 or now() - start < warmup_s:
+    while calls < min_warmup_calls or now() - start < warmup_s:
         fn()
         _sync(device)
         calls += 1
         if calls >= 1000:
             break
-    single = (now() - start) / calls
+    single = (now() - start) / max(calls, 1)
     inner = max(1, min(10000, int(math.ceil(min_sample_s / max(single, 1e-7)))))
-    samples = []
-    if device.type == "cuda":
-        for _ in range(repeats):
+    out = []
+    for _ in range(max(int(samples), 1)):
+        if device.type == "cuda":
             begin = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             begin.record()
@@ -554,14 +562,13 @@ def time_runner(fn: Runner, device: torch.device, repeats: int = 7, min_sample_s
                 fn()
             end.record()
             end.synchronize()
-            samples.append(begin.elapsed_time(end) * 1e3 / inner)
-    else:
-        for _ in range(repeats):
+            out.append(begin.elapsed_time(end) * 1e3 / inner)
+        else:
             t0 = now()
             for _ in range(inner):
                 fn()
-            samples.append((now() - t0) * 1e6 / inner)
-    return float(statistics.median(samples))
+            out.append((now() - t0) * 1e6 / inner)
+    return out
 
 
 # ---------------------------------------------------------------- the table --
@@ -609,52 +616,76 @@ def build_runner(ctx: RowContext) -> Runner:
 
 def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
                   min_sample_s: float = 2e-3, progress: bool = True,
-                  description: str = "", clock: str = "wall") -> RowTimes:
+                  description: str = "", clock: str = "wall",
+                  between_passes: Callable[[int], None] | None = None) -> RowTimes:
     """Time every row of the OpTable `ops` at batch size `batch` on `device`.
 
-    Rows with the same family, dtype, dims and op name are timed once.
+    Rows with the same family, dtype, dims and op name are timed once. The
+    `repeats` samples of a row are taken in `repeats` passes over the whole
+    table (each pass materialises the row afresh, warms it up and takes one
+    sample), and a row's time is the median over the passes: a burst of
+    interference from other work on the machine then spoils one pass of
+    every row instead of every sample of a few rows. `between_passes(p)` runs
+    after pass p (the caller times its real iterations there, interleaved
+    with the same interference).
     """
     dims = ops.dims(batch)
     n = len(ops)
-    us = np.zeros(n)
-    skipped: dict[str, int] = {}
-    cache: dict[tuple, float | str] = {}
+    repeats = max(int(repeats), 1)
+    keys: list[tuple] = []
+    rows: dict[tuple, int] = {}  # distinct row -> first OpTable row
+    for i in range(n):
+        name = ops.op_names[int(ops.op[i])] if ops.op_names else ""
+        key = (int(ops.family[i]), int(ops.dtype[i]), int(ops.kernels[i]),
+               tuple(int(x) for x in dims[i]), name)
+        keys.append(key)
+        rows.setdefault(key, i)
+    samples: dict[tuple, list[float]] = {k: [] for k in rows}
+    failed: dict[tuple, str] = {}
     free = device_memory_bytes(device)
-    bar = _progress(n, description or f"timing ops at batch {batch}", progress)
+    bar = _progress(len(rows) * repeats, description or f"timing ops at batch {batch}", progress)
     try:
-        for i in range(n):
-            fam, code = int(ops.family[i]), int(ops.dtype[i])
-            name = ops.op_names[int(ops.op[i])] if ops.op_names else ""
-            key = (fam, code, int(ops.kernels[i]), tuple(int(x) for x in dims[i]), name)
-            if key not in cache:
-                cache[key] = _measure_row(fam, code, int(ops.kernels[i]), dims[i], name, batch,
-                                          device, repeats, min_sample_s, free, clock)
-            got = cache[key]
-            if isinstance(got, str):
-                skipped[got] = skipped.get(got, 0) + 1
-            else:
-                us[i] = got
-            bar(1)
+        for p in range(repeats):
+            for key, i in rows.items():
+                if key not in failed:
+                    got = _measure_row(*key[:4], key[4], batch, device, min_sample_s, free, clock,
+                                       min_warmup_calls=2 if p == 0 else 1)
+                    if isinstance(got, str):
+                        failed[key] = got
+                    else:
+                        samples[key].append(got)
+                bar(1)
+            if between_passes is not None:
+                between_passes(p)
     finally:
         bar(None)
+    us = np.zeros(n)
+    skipped: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key in failed:
+            skipped[failed[key]] = skipped.get(failed[key], 0) + 1
+        else:
+            us[i] = float(statistics.median(samples[key]))
     return RowTimes(us, skipped)
 
 
-def _measure_row(fam: int, code: int, kernels: int, dims: np.ndarray, name: str, batch: int,
-                 device: torch.device, repeats: int, min_sample_s: float,
-                 free_bytes: float, clock: str = "wall") -> float | str:
-    """Median microseconds, or a short reason why the row was not measured."""
+def _measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batch: int,
+                 device: torch.device, min_sample_s: float, free_bytes: float,
+                 clock: str = "wall", min_warmup_calls: int = 2) -> float | str:
+    """One sample (us) of one row, or a short reason why it cannot be measured."""
     family_name = L.FAMILY_NAMES[fam]
     dtype = TORCH_DTYPES.get(code)
     if dtype is None:
         return f"{family_name}: dtype {L.DTYPE_NAMES[code]} not runnable"
-    if row_bytes(fam, dims, L.DTYPE_BYTES[code]) > 0.5 * free_bytes:
+    if row_bytes(fam, np.asarray(dims), L.DTYPE_BYTES[code]) > 0.5 * free_bytes:
         return f"{family_name}: too large for the device's free memory"
-    ctx = RowContext(fam, dtype, kernels, tuple(int(x) for x in dims), name, batch, device)
+    ctx = RowContext(fam, dtype, kernels, tuple(dims), name, batch, device)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             fn = build_runner(ctx)
-            t = time_runner(fn, device, repeats=repeats, min_sample_s=min_sample_s, clock=clock)
+            t = sample_runner(fn, device, 1, min_sample_s, clock=clock,
+                              min_warmup_calls=min_warmup_calls)[0]
+        del fn
     except Unrunnable as exc:
         return f"{family_name}: {exc}"
     except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) as exc:
@@ -662,9 +693,6 @@ def _measure_row(fam: int, code: int, kernels: int, dims: np.ndarray, name: str,
             torch.cuda.empty_cache()
             return f"{family_name}: out of device memory"
         return f"{family_name}: {type(exc).__name__} ({_short(exc)})"
-    finally:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     if not math.isfinite(t) or t <= 0:
         return f"{family_name}: non-positive time"
     return t

@@ -113,13 +113,22 @@ def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
 def time_step(step: Callable[[], None], device: torch.device, *, iterations: int = 5,
               warmup: int = 2, clock: str = "wall") -> float:
     """Median milliseconds of one warm iteration (synchronised on CUDA)."""
+    return float(statistics.median(step_samples(step, device, iterations=iterations,
+                                                warmup=warmup, clock=clock)))
+
+
+def step_samples(step: Callable[[], None], device: torch.device, *, iterations: int = 5,
+                 warmup: int = 2, clock: str = "wall") -> list[float]:
+    """Milliseconds of each of `iterations` iterations after `warmup` untimed
+    ones; on CUDA each is bracketed by synchronisations (host time included,
+    as a user's training loop sees it)."""
     now = host_clock(clock) if device.type == "cpu" else host_clock("wall")
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    for _ in range(max(warmup, 1)):
+    for _ in range(max(warmup, 0)):
         step()
     sync()
     samples = []
@@ -128,4 +137,4 @@ def time_step(step: Callable[[], None], device: torch.device, *, iterations: int
         step()
         sync()
         samples.append((now() - t0) * 1e3)
-    return float(statistics.median(samples))
+    return samples
