@@ -736,8 +736,10 @@ def sanity(cache_dir=None, refresh=False, gpus=SANITY_GPUS, models=SANITY_MODELS
             optimizer="adam", directory=cache_dir, refresh=refresh)
         log(f"  {'cached' if hit else 'traced'} {name:28s} {time.perf_counter() - start:6.1f} s")
         res = sweep(graph, [g.id for g in chosen] + [ref.id], [entry.default_batch_size])
-        ref_ms = res.iteration_ms[-1, 0]
-        for gi, g in enumerate(chosen):
+        at = {gid: i for i, gid in enumerate(res.gpus)}
+        ref_ms = res.iteration_ms[at[ref.id], 0]
+        for g in chosen:
+            gi = at[g.id]
             ms = float(res.iteration_ms[gi, 0])
             f = g.features
             speed = ref_ms / ms

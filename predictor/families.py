@@ -424,15 +424,17 @@ def _bool_elems(t: T, like: T) -> int:
 def _native_dropout(x: T, p, train, *_, out=None, **__) -> list[Row]:
     # Fused on CUDA (one kernel, RNG inside): read x, write the output and a bool mask.
     mask = _bool_elems(x, x)
-    return [memory_row(L.DROPOUT, x.numel, x.numel + mask, 4 * x.numel,
-                       x.shape[-1] if x.shape else 1, 1)]
+    inner = x.shape[-1] if x.shape else 1
+    return [memory_row(L.DROPOUT, x.numel, x.numel + mask, 4 * x.numel, inner,
+                       x.numel // max(inner, 1))]
 
 
 @register(aten.native_dropout_backward)
 def _native_dropout_bwd(grad: T, mask: T, scale, *_, out=None, **__) -> list[Row]:
     # One masked-scale kernel: read the gradient and the bool mask, write the gradient.
+    inner = grad.shape[-1] if grad.shape else 1
     return [memory_row(L.ELEMENTWISE, grad.numel + _bool_elems(mask, grad), grad.numel,
-                       grad.numel, grad.shape[-1] if grad.shape else 1, 1)]
+                       grad.numel, inner, grad.numel // max(inner, 1))]
 
 
 @register(aten.bernoulli_, aten.bernoulli, aten.rand, aten.rand_like, aten.randn, aten.randn_like,
@@ -510,7 +512,8 @@ register(aten.cat, aten.stack, aten._to_copy, aten.copy_, aten.copy, aten.index_
 
 @register(aten.clone, aten.contiguous)
 def _clone(x: T, *_, out=None, **__) -> list[Row]:
-    return [memory_row(L.COPY, x.numel, x.numel, 0, x.shape[-1] if x.shape else 1, 1)]
+    inner = x.shape[-1] if x.shape else 1
+    return [memory_row(L.COPY, x.numel, x.numel, 0, inner, x.numel // max(inner, 1))]
 
 
 @register(aten.zeros, aten.ones, aten.full, aten.zeros_like, aten.ones_like, aten.full_like,
