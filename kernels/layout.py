@@ -7,7 +7,8 @@ the spec loader) uses the same names, so a code is defined exactly once.
 
 # ---- op families -----------------------------------------------------------
 # Each family fixes what the columns of an OpTable row's `dims` mean.
-#   GEMM-like:   matmul      dims = [B, M, N, K]
+#   GEMM-like:   matmul      dims = [B, M, N, K, layout]  (C[M,N] = A[M,K] @ B[K,N];
+#                layout = GEMM_A_T | GEMM_B_T: which operands are transposed views)
 #   convolution: conv*       dims = [N, C, H, W, K, R, S, P, Q, groups, stride, 0]
 #   attention:   attention*  dims = [B, heads, Sq, Sk, D, Dv, causal, 0...]
 #   LSTM layer:  lstm*       dims = [T, B, I, H, 0...] (one layer, one direction)
@@ -49,6 +50,13 @@ FAMILY_NAMES = (
     "fill", "unsupported",
 )
 assert len(FAMILY_NAMES) == N_FAMILIES
+
+# GEMM operand layout flags (dims[4] of a matmul row). cuBLAS picks different
+# kernels per layout: F.linear's x @ W^T is GEMM_B_T, torch.bmm / addmm of
+# contiguous operands is 0 (both row-major), a weight gradient dY^T @ X GEMM_A_T.
+GEMM_A_T = 1
+GEMM_B_T = 2
+GEMM_LAYOUT = 4
 
 # Memory-bound dims layout (families ELEMENTWISE and later).
 MEM_READ = 0

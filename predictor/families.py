@@ -36,10 +36,13 @@ Row = tuple[int, tuple[int, ...], int]  # (family, dims, kernel launches)
 
 @dataclass(frozen=True)
 class T:
-    """A tensor as the registry sees it: shape and dtype, no data."""
+    """A tensor as the registry sees it: shape and dtype, no data; and whether
+    its last two dims are stored column-major (a transposed view, as the
+    weight of F.linear is): GEMM libraries pick different kernels for it."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+    transposed: bool = False
 
     @property
     def numel(self) -> int:
@@ -133,10 +136,17 @@ def generic_memory(family: int, args: tuple, kwargs: dict, out: Any,
 
 # -------------------------------------------------------------- GEMM family --
 
+def gemm_layout(a: T, b: T) -> int:
+    """Operand layout of C = A @ B (layout.GEMM_*): which operands are
+    transposed views. F.linear's x @ W^T is GEMM_B_T; a weight stored [in, out]
+    (GPT-2's Conv1D) and torch.bmm of contiguous tensors are GEMM_NN."""
+    return (L.GEMM_A_T if a.transposed else 0) + (L.GEMM_B_T if b.transposed else 0)
+
+
 @register(aten.mm)
 def _mm(a: T, b: T, *_, out=None, **__) -> list[Row]:
     (m, k), (_, n) = a.shape, b.shape
-    return [(L.MATMUL, (1, m, n, k), 1)]
+    return [(L.MATMUL, (1, m, n, k, gemm_layout(a, b)), 1)]
 
 
 @register(aten.addmm)
@@ -147,7 +157,7 @@ def _addmm(bias: T, a: T, b: T, *_, out=None, **__) -> list[Row]:
 @register(aten.bmm)
 def _bmm(a: T, b: T, *_, out=None, **__) -> list[Row]:
     (bs, m, k), (_, _, n) = a.shape, b.shape
-    return [(L.MATMUL, (bs, m, n, k), 1)]
+    return [(L.MATMUL, (bs, m, n, k, gemm_layout(a, b)), 1)]
 
 
 @register(aten.baddbmm)

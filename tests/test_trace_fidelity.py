@@ -142,3 +142,32 @@ def test_old_graphs_without_host_ops_still_predict(small):
     g = dataclasses.replace(small, host_ops=[])
     p = predictor.predict(g, "H100-SXM5-80GB", batch_size=1)
     assert np.isfinite(p.iteration_ms) and p.overhead_ms >= 0
+
+
+def test_gemm_layout_follows_the_operands():
+    """F.linear multiplies by a transposed weight view; a weight stored
+    [in, out] (GPT-2's Conv1D) and its backward's dX GEMM are plain row-major;
+    a weight gradient dY^T @ X has a transposed first operand."""
+
+    class Conv1D(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(64, 32))
+            self.bias = nn.Parameter(torch.zeros(32))
+
+        def forward(self, x):
+            return torch.addmm(self.bias, x, self.weight)
+
+    def layouts(module):
+        g = predictor.trace(module, (torch.zeros(8, 64, requires_grad=True),), optimizer=None,
+                            batch_size=8)
+        t = g.ops
+        names = np.asarray(t.op_names, dtype=object)[t.op]
+        mm = t.family == L.MATMUL
+        return sorted((L.PHASE_NAMES[p], n, int(d[4]))
+                      for p, n, d in zip(t.phase[mm], names[mm], t.dims(8)[mm]))
+
+    assert ("forward", "addmm", L.GEMM_B_T) in layouts(nn.Linear(64, 32))
+    conv1d = layouts(Conv1D())
+    assert ("forward", "addmm", 0) in conv1d
+    assert ("backward", "mm", L.GEMM_A_T) in conv1d       # dW = x^T @ dY
