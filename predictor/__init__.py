@@ -23,7 +23,7 @@ from predictor.errors import (  # noqa: E402
 __all__ = [
     "trace", "predict", "sweep", "gpus", "load_specs", "Graph", "Prediction", "SweepResult",
     "PredictorError", "UnknownGPUError", "UnknownModelError", "SpecError", "TraceError",
-    "InvalidArgumentError", "__version__", "calibrate", "load_calibration",
+    "InvalidArgumentError", "__version__", "calibrate", "load_calibration", "search",
 ]
 
 
@@ -41,6 +41,11 @@ def __getattr__(name: str):
     if name in ("calibrate", "load_calibration"):
         from predictor.calibration import calibrate as _c
         return getattr(_c, name)
+    if name == "search":
+        # The module predictor.search is itself callable: predictor.search(graph, ...)
+        # works whether or not the submodule was imported first.
+        import importlib
+        return importlib.import_module("predictor.search")
     if name == "Graph":
         from predictor.optable import Graph
         return Graph

@@ -14,7 +14,7 @@ from predictor import __version__
 from predictor.errors import PredictorError
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("predict", "sweep", "calibrate", "gpus", "zoo", "train-models")
+COMMANDS = ("predict", "sweep", "search", "calibrate", "gpus", "zoo", "train-models")
 
 EXAMPLES = """examples:
   predictor predict resnet50 --batch-size 64
@@ -22,6 +22,7 @@ EXAMPLES = """examples:
   predictor predict gpt2-large --seq-len 512 --gpus all --csv
   predictor predict my_model.py:build --batch-size 32 --breakdown 15
   predictor sweep resnet50 --gpus all --batch-sizes 1..1024 --plot sweep.png
+  predictor search resnet50 --objective cost --samples 1281167 --epochs 90 --report out/
   predictor calibrate resnet50 --batch-size 64 -o resnet50.cal.npz
   predictor sweep resnet50 --calibration resnet50.cal.npz --gpus all
   predictor gpus

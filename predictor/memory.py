@@ -378,9 +378,7 @@ def device_bytes(profile: MemoryProfile, gpus: Sequence, batches: np.ndarray,
     tensor memory + CUDA context + cuBLAS workspaces (+ DDP gradient buckets
     when data-parallel over more than one GPU)."""
     _, reserved, _ = profile.peak(batches, dtype_code=dtype_code)
-    handles = 2 if profile.training else 1
-    fixed = np.asarray([CUDA_CONTEXT_BYTES + handles * cublas_workspace_bytes(g) for g in gpus],
-                       dtype=np.float64)
+    fixed = np.asarray([_fixed_bytes(profile, g) for g in gpus], dtype=np.float64)
     total = reserved[None, :].astype(np.float64) + fixed[:, None]
     if data_parallel > 1:
         # DistributedDataParallel copies gradients into flat buckets that live
@@ -408,29 +406,62 @@ def max_batch_size(graph, gpu, *, max_memory_fraction: float = DEFAULT_MAX_MEMOR
                    dtype=None, data_parallel: int = 1, limit: int = 1 << 24) -> int | None:
     """The largest batch size whose predicted peak fits in `max_memory_fraction`
     of `gpu`'s memory (0: not even batch 1 fits; None: no memory profile, or a
-    graph that cannot be rescaled). Peak memory never decreases with the batch,
-    so a doubling search then a bisection finds it."""
+    graph that cannot be rescaled)."""
+    from predictor import hardware
+
+    g = gpu if isinstance(gpu, hardware.GPU) else hardware.get(gpu)
+    return max_batch_sizes(graph, [g], max_memory_fraction=max_memory_fraction, dtype=dtype,
+                           data_parallel=data_parallel, limit=limit)[g.id]
+
+
+def max_batch_sizes(graph, gpus: Sequence, *,
+                    max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION, dtype=None,
+                    data_parallel: int = 1, limit: int = 1 << 24) -> dict[str, int | None]:
+    """:func:`max_batch_size` for several GPUs (GPU objects or names). Peak
+    memory never decreases with the batch, so a doubling search then a
+    bisection finds each; the tensor peak does not depend on the GPU, so its
+    evaluations are shared."""
     from predictor import hardware
     from predictor.engine import _dtype_code
 
+    chosen = [g if isinstance(g, hardware.GPU) else hardware.get(g) for g in gpus]
     prof = getattr(graph, "memory", None)
     if prof is None or not graph.batch_scalable:
-        return None
-    g = hardware.get(gpu)
-    budget = check_fraction(max_memory_fraction) * capacity_bytes(g)
+        return {g.id: None for g in chosen}
+    fraction = check_fraction(max_memory_fraction)
     code = _dtype_code(dtype)
+    cache: dict[int, float] = {}
 
-    def fits(b: int) -> bool:
-        return device_bytes(prof, [g], np.asarray([b]), code, data_parallel)[0, 0] <= budget
+    def need(b: int, g) -> float:
+        if b not in cache:
+            cache[b] = float(device_bytes(prof, [g], np.asarray([b]), code, data_parallel)[0, 0]
+                             - _fixed_bytes(prof, g))
+        return cache[b] + _fixed_bytes(prof, g)
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        return limit
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    out: dict[str, int | None] = {}
+    for g in chosen:
+        budget = fraction * capacity_bytes(g)
+
+        def fits(b: int) -> bool:
+            return need(b, g) <= budget
+
+        if not fits(1):
+            out[g.id] = 0
+            continue
+        lo, hi = 1, 2
+        while hi <= limit and fits(hi):
+            lo, hi = hi, hi * 2
+        if hi > limit:
+            out[g.id] = limit
+            continue
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        out[g.id] = lo
+    return out
+
+
+def _fixed_bytes(profile: MemoryProfile, gpu) -> float:
+    """The part of device_bytes that depends on the GPU, not on the batch."""
+    handles = 2 if profile.training else 1
+    return float(CUDA_CONTEXT_BYTES + handles * cublas_workspace_bytes(gpu))

@@ -1,0 +1,307 @@
+"""A self-contained HTML report of a design-space search.
+
+``write_report(result, folder)`` writes ``folder/report.html`` (plots embedded
+as base64 PNG, no external files, scripts or fonts) and ``folder/search.json``
+(the numbers behind the plots and tables; also embedded in the HTML). Both
+are written atomically. Plots are drawn off-screen on matplotlib's Agg canvas
+without pyplot, so no global backend is touched.
+
+Plots: iteration time against batch size per GPU; $ per 1M samples against
+batch size per GPU; predicted peak memory against batch size with each GPU's
+usable memory; the Pareto front of time against cost. Per-GPU plots show the
+GPUs with the best configurations (``max_gpus``); the table and the JSON hold
+every configuration.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from predictor.io import atomic_write_text
+
+MAX_GPUS_PLOTTED = 10
+TABLE_ROWS = 25
+
+
+def _png(fig) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(title: str, xlabel: str, ylabel: str, *, logx=True, logy=True, width=7.2):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, 4.0))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_title(title, fontsize=11, loc="left")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(True, which="major", alpha=0.3)
+    return fig, ax
+
+
+def _plain_ticks(ax) -> None:
+    """Log axes labelled with plain numbers (1, 2, 4, 0.5), no minor labels."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    from matplotlib.ticker import LogLocator
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            if axis is ax.yaxis or axis.get_transform().base == 10:
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+
+
+def _legend_below(ax, ncol: int = 3, title: str | None = None) -> None:
+    ax.legend(fontsize=7, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.17),
+              frameon=False, title=title, title_fontsize=7)
+
+
+def _plotted_gpus(result, max_gpus: int) -> list[str]:
+    """GPUs in the order of their best row in the ranking, at most `max_gpus`."""
+    seen: list[str] = []
+    for gpu in result.table["gpu"]:
+        if gpu not in seen:
+            seen.append(gpu)
+        if len(seen) == max_gpus:
+            break
+    return seen
+
+
+def _colors(n: int):
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _per_gpu_plot(result, gpus, column: str, title: str, ylabel: str) -> str:
+    t = result.table
+    fig, ax = _figure(title, "batch size per GPU", ylabel)
+    for gpu, color in zip(gpus, _colors(len(gpus))):
+        rows = t[t["gpu"] == gpu].sort_values("batch_size")
+        x = rows["batch_size"].to_numpy(dtype=float)
+        y = rows[column].to_numpy(dtype=float)
+        ok = (rows["fits"] & rows["feasible"]).to_numpy()
+        if not np.isfinite(y).any():
+            continue
+        ax.plot(x, y, "-", color=color, lw=1.4, alpha=0.9, label=gpu)
+        ax.plot(x[ok], y[ok], "o", color=color, ms=4)
+        ax.plot(x[~ok], y[~ok], "x", color=color, ms=5, alpha=0.8)
+    _plain_ticks(ax)
+    _legend_below(ax, 4, title="o fits in memory (and meets the constraints), x does not")
+    return _png(fig)
+
+
+def _memory_plot(result, max_lines: int = 8) -> str:
+    t = result.table
+    frac = result.max_memory_fraction
+    fig, ax = _figure(f"Predicted peak memory (dashed: {frac:.0%} of each GPU's memory)",
+                      "batch size per GPU", "GiB")
+    per_batch = t.groupby("batch_size")["memory_gb"].max().sort_index()
+    x = per_batch.index.to_numpy(dtype=float)
+    y = per_batch.to_numpy(dtype=float)
+    if np.isfinite(y).any():
+        ax.plot(x, y, "o-", color="black", lw=2, ms=4, label="predicted peak", zorder=3)
+    caps: dict[float, list[str]] = {}
+    for gpu, limit in t.groupby("gpu", sort=False)["memory_limit_gb"].first().items():
+        caps.setdefault(round(float(limit), 1), []).append(gpu)
+    levels = sorted(caps)
+    if len(levels) > max_lines:  # keep the smallest, the largest and an even spread
+        idx = np.unique(np.linspace(0, len(levels) - 1, max_lines).round().astype(int))
+        levels = [levels[i] for i in idx]
+    for level, color in zip(levels, _colors(len(levels))):
+        names = caps[level]
+        label = ", ".join(names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
+        ax.axhline(level, color=color, ls="--", lw=1.1, label=f"{level:g} GiB: {label}")
+    _plain_ticks(ax)
+    _legend_below(ax, 2)
+    return _png(fig)
+
+
+def _pareto_plot(result) -> str:
+    fit = result.fitting()
+    tcol, ccol = result.time_column, result.cost_column
+    unit = "run" if result.run.given else "1M samples"
+    fig, ax = _figure(f"Time vs cost per {unit} (fitting configurations; front in red)",
+                      f"hours per {unit}", f"USD per {unit}", logx=False)
+    ax.set_xscale("log")
+    x = fit[tcol].to_numpy(dtype=float)
+    y = fit[ccol].to_numpy(dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y) & (y > 0)
+    ax.scatter(x[ok], y[ok], s=12, color="0.6", alpha=0.7, label="configurations")
+    front = result.pareto()
+    if not front.empty:
+        fx = front[tcol].to_numpy(dtype=float)
+        fy = front[ccol].to_numpy(dtype=float)
+        ax.step(fx, fy, where="post", color="tab:red", lw=1.5)
+        ax.scatter(fx, fy, s=28, color="tab:red", zorder=3, label="Pareto front")
+        for i, row in enumerate(front.head(12).itertuples()):
+            ax.annotate(f"{row.gpu} b{row.batch_size}", (fx[i], fy[i]), fontsize=7,
+                        xytext=(5, 6 if i % 2 == 0 else -11), textcoords="offset points")
+    _plain_ticks(ax)
+    _legend_below(ax, 2)
+    return _png(fig)
+
+
+def _fmt(v, digits=3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        a = abs(float(v))
+        if a >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}g}"
+    return html.escape(str(v))
+
+
+_COLUMNS = [
+    ("rank", "#"), ("gpu", "GPU"), ("gpus", "GPUs"), ("batch_size", "batch/GPU"),
+    ("iteration_ms", "iter ms"), ("samples_per_s", "samples/s"), ("usd_per_hour", "$/h"),
+    ("usd_per_1m_samples", "$/1M samples"), ("run_hours", "run h"), ("run_cost_usd", "run $"),
+    ("scaling_efficiency", "scaling eff."), ("memory_gb", "memory GiB"),
+    ("memory_limit_gb", "limit GiB"), ("fits", "fits"), ("feasible", "constraints met"),
+]
+
+
+def _table_html(df, rows: int) -> str:
+    cols = [(c, h) for c, h in _COLUMNS if c in df.columns]
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in cols)
+    body = []
+    for rec in df.head(rows).to_dict(orient="records"):
+        cls = "" if (rec.get("fits", True) and rec.get("feasible", True)) else ' class="nofit"'
+        body.append(f"<tr{cls}>" + "".join(f"<td>{_fmt(rec[c])}</td>" for c, _ in cols) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;
+color:#222;line-height:1.4}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.meta{color:#555;font-size:13px}.best{background:#eef6ee;border:1px solid #9c9;padding:10px 14px;
+border-radius:6px}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}.grid img{width:100%;border:1px solid #eee}
+table{border-collapse:collapse;font-size:12px;width:100%}th,td{padding:3px 6px;text-align:right;
+border-bottom:1px solid #eee}th{background:#f5f5f5}td:nth-child(2),th:nth-child(2){text-align:left}
+tr.nofit{color:#999}table.narrow{width:auto;min-width:260px}.note{font-size:12px;color:#555}
+@media (max-width:900px){.grid{grid-template-columns:1fr}}
+"""
+
+
+def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED) -> tuple[str, dict]:
+    """(HTML text, JSON-able data) of the report for a SearchResult."""
+    gpus = _plotted_gpus(result, max_gpus)
+    plots = {
+        "time": _per_gpu_plot(result, gpus, "iteration_ms", "Iteration time per GPU",
+                              "ms per iteration"),
+        "cost": _per_gpu_plot(result, gpus, "usd_per_1m_samples",
+                              "Cost per 1M samples per GPU", "USD per 1M samples"),
+        "memory": _memory_plot(result),
+        "pareto": _pareto_plot(result),
+    }
+    data = result.to_dict()
+    data["generated"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if graph is not None:
+        data["graph"] = {"parameters": int(graph.parameters), "mode": graph.mode,
+                         "optimizer": graph.optimizer, "seq_len": graph.seq_len,
+                         "traced_batch_size": int(graph.batch_size)}
+    best = result.best()
+    if best:
+        best_html = (f"<div class='best'><b>Best ({html.escape(result.objective)}):</b> "
+                     f"{html.escape(str(best['gpu']))} x{result.gpus_per_node}, batch "
+                     f"{best['batch_size']} per GPU: {_fmt(best['iteration_ms'])} ms/iteration, "
+                     f"{_fmt(best['samples_per_s'])} samples/s, "
+                     f"${_fmt(best['usd_per_1m_samples'])} per 1M samples, "
+                     f"{_fmt(best['memory_gb'])} GiB peak memory"
+                     + (f"; the run takes {_fmt(best['run_hours'])} h and costs "
+                        f"${_fmt(best['run_cost_usd'])}" if result.run.given else "")
+                     + "</div>")
+    else:
+        best_html = "<div class='best'><b>No configuration fits</b> in memory within the constraints.</div>"
+    params = f"{graph.parameters / 1e6:,.1f} M parameters · " if graph is not None else ""
+    meta = (f"{params}objective: {html.escape(result.objective)} · run: "
+            f"{html.escape(result.run.describe())} · {result.gpus_per_node} GPU(s) per configuration · "
+            f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · generated {data['generated']}")
+    maxb = "".join(f"<tr><td>{html.escape(k)}</td><td>{_fmt(v)}</td></tr>"
+                   for k, v in sorted(result.max_batch_sizes.items(),
+                                      key=lambda kv: -(kv[1] or 0)))
+    prices = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{_fmt(v.get('usd_per_gpu_hour'))}</td>"
+        f"<td>{html.escape(str(v.get('date') or ''))}</td>"
+        f"<td style='text-align:left'>{html.escape(str(v.get('source') or ''))}</td></tr>"
+        for k, v in result.price_info.items())
+    img = lambda key, alt: f"<img alt='{alt}' src='data:image/png;base64,{plots[key]}'>"  # noqa: E731
+    payload = json.dumps(data, allow_nan=False, default=str).replace("</", "<\\/")
+    text = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(result.model)}: GPU and batch size search</title>
+<style>{_CSS}</style></head><body>
+<h1>{html.escape(result.model)}: which GPU, which batch size</h1>
+<div class="meta">{meta}</div>
+<p>{best_html}</p>
+<h2>Plots</h2>
+<div class="grid">
+{img("time", "iteration time against batch size per GPU")}
+{img("cost", "cost per 1M samples against batch size per GPU")}
+{img("memory", "predicted peak memory against batch size with GPU limits")}
+{img("pareto", "Pareto front of time against cost")}
+</div>
+<p class="note">Per-GPU plots show the {len(gpus)} GPUs with the best-ranked configurations; the
+table below and <code>search.json</code> hold all {len(result.table)} configurations.</p>
+<h2>Ranked configurations (top {min(TABLE_ROWS, len(result.table))})</h2>
+{_table_html(result.table, TABLE_ROWS)}
+<h2>Pareto front (time vs cost)</h2>
+{_table_html(result.pareto(), 50)}
+<h2>Largest batch per GPU that fits</h2>
+<table class="narrow"><thead><tr><th>GPU</th><th>batch</th></tr></thead><tbody>{maxb}</tbody></table>
+<h2>Prices (USD per GPU-hour)</h2>
+<table><thead><tr><th>GPU</th><th>$/h</th><th>date</th><th>source</th></tr></thead>
+<tbody>{prices}</tbody></table>
+<h2>How these numbers are made</h2>
+<p class="note">Times: dnn-predictor's per-op model summed over the traced training step.
+Memory: a liveness pass over the traced step (parameters, gradients, optimizer state,
+activations saved for backward, temporaries) with the CUDA caching allocator's rounding, plus
+the CUDA context and cuBLAS workspaces (see <code>predictor/memory.py</code>). Prices are
+indicative on-demand rates with the date they were read; override them with
+<code>--price GPU=USD</code>. Data-parallel configurations assume DDP's gradient buckets
+overlap with the backward pass (see <code>predictor/parallel.py</code>).</p>
+<script type="application/json" id="search-data">{payload}</script>
+</body></html>
+"""
+    return text, data
+
+
+def write_report(result, folder: str | Path, graph=None, *,
+                 max_gpus: int = MAX_GPUS_PLOTTED) -> Path:
+    """Write report.html and search.json into `folder` (created if missing);
+    returns the HTML path."""
+    folder = Path(folder)
+    text, data = render_html(result, graph, max_gpus=max_gpus)
+    atomic_write_text(folder / "search.json", json.dumps(data, indent=2, allow_nan=False,
+                                                         default=str) + "\n")
+    out = folder / "report.html"
+    atomic_write_text(out, text)
+    return out
