@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -34,13 +35,39 @@ TARGET_REFERENCE_RATIO = 100
 TARGET_COLD_S = 3.0
 
 # Arithmetic operations (int and float add/sub/mul/div/min/max) of one row at
-# one configuration in the analytical model, counted by hand in
-# kernels/work.py + kernels/roofline.py + the accumulation in kernels/grid.py:
-# work (FLOPs, bytes: 12-20), thread blocks (7-16), block slots (5), split-K
-# (0-6), wave utilisation (5 + 4), peak and compute time (7), memory time (5),
-# max + launch (3), accumulation (2). The row's dims (24 ops) are computed once
-# per batch size and shared by the GPUs, so they are left out.
-OPS_PER_ROW = 50
+# one configuration, counted by hand in the kernels:
+# - analytical model (work.py + roofline.py + the accumulation in grid.py):
+#   work (FLOPs, bytes: 12-20), thread blocks (7-16), block slots (5), split-K
+#   (0-6), wave utilisation (5 + 4), peak and compute time (7), memory time
+#   (5), max + launch (3), accumulation (2): ~50;
+# - learned model: the features (features.row_features: work, blocks and
+#   slots as above ~35, 14 log2 at ~20 each, 5 tile utilisations ~40: ~360),
+#   the ideal time (~15), the forward pass (normalise 2 per input, 2 per
+#   weight, 33 per tanh (mlp_block.tanh_inplace), ~25 for the sigmoid), the
+#   final time and accumulation (~6).
+# The row's dims (24 ops) are computed once per batch size and shared by the
+# GPUs, so they are left out.
+OPS_ANALYTICAL_ROW = 50
+OPS_FEATURES = 360 + 15 + 6
+OPS_TANH = 33
+
+
+def ops_per_config(graph, mlp) -> int:
+    """Arithmetic operations of one configuration (see the counts above)."""
+    from predictor.kernels.features import group_of
+    from predictor.kernels.mlp import HEADER, has_group
+
+    total = 0
+    for fam in graph.ops.family:
+        group = group_of(int(fam))
+        if not has_group(mlp, group):
+            total += OPS_ANALYTICAL_ROW
+            continue
+        h = 1 + HEADER * group
+        n_in, h1, h2 = (int(v) for v in mlp[h + 1:h + 4])
+        total += (OPS_FEATURES + 2 * n_in + 2 * (n_in * h1 + h1 * h2 + h2)
+                  + OPS_TANH * (h1 + h2) + 25)
+    return total
 
 
 def _say(capsys, text: str) -> None:
@@ -77,48 +104,77 @@ def machine_peak():
     return 2.0 * n**3 / best
 
 
+def _cpu_timed(fn) -> float:
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
+@pytest.mark.parametrize("weights", ["learned", "analytical"])
 @pytest.mark.parametrize("model", MODELS)
-def test_sweep_speed(benchmark, graphs, gpu_ids, machine_peak, model, capsys):
+def test_sweep_speed(benchmark, graphs, gpu_ids, machine_peak, model, weights, capsys):
+    """The sweep as the engine runs it: with the shipped learned models (the
+    default), and with the analytical model alone."""
     graph, _ = graphs[model]
+    mlp = engine._mlp() if weights == "learned" else np.zeros(0)
+    if weights == "learned" and mlp.shape[0] == 0:
+        pytest.skip("no learned weights shipped (calibration/weights/opmodels.npz)")
     n_cfg = len(gpu_ids) * len(BATCHES)
-    engine.sweep(graph, gpu_ids, BATCHES)  # compile or load from the cache
-    res = benchmark.pedantic(engine.sweep, args=(graph, gpu_ids, BATCHES), rounds=30,
-                             iterations=1, warmup_rounds=2)
+    with mock.patch.object(engine, "_mlp", lambda: mlp):
+        engine.sweep(graph, gpu_ids, BATCHES)  # compile or load from the cache
+        res = benchmark.pedantic(engine.sweep, args=(graph, gpu_ids, BATCHES), rounds=20,
+                                 iterations=1, warmup_rounds=1)
+        # CPU time of the whole process (every thread): what the sweep costs
+        # whatever else the machine is running.
+        cpu = min(_cpu_timed(lambda: engine.sweep(graph, gpu_ids, BATCHES)) for _ in range(5))
     assert res.phase_ms.shape == (len(gpu_ids), len(BATCHES), 3)
     best, median = benchmark.stats.stats.min, benchmark.stats.stats.median
     rate, rate_median = n_cfg / best, n_cfg / median
     rows = len(graph.ops)
-    ops_per_cfg = OPS_PER_ROW * rows
-    limit = machine_peak / ops_per_cfg
+    learned_rows = int(learned_rows_of(graph, mlp).sum())
+    ops_cfg = ops_per_config(graph, mlp)
+    limit = machine_peak / ops_cfg
 
     # The plain-Python reference on a slice of the grid, extrapolated per configuration.
-    sub_gpus, sub_batches = gpu_ids[:6], BATCHES[:: len(BATCHES) // 8]
+    sub_gpus, sub_batches = gpu_ids[:4], BATCHES[:: len(BATCHES) // 4]
     feats = [hardware.get(g).features for g in sub_gpus]
-    ref_s = _timed(lambda: reference.sweep(graph, feats, sub_batches, engine.model_params()))
+    ref_s = _timed(lambda: reference.sweep(graph, feats, sub_batches, engine.model_params(),
+                                           mlp))
     ref_rate = len(sub_gpus) * len(sub_batches) / ref_s
-    benchmark.extra_info.update(configs=n_cfg, rows=rows, configs_per_s_best=rate,
-                                configs_per_s_median=rate_median, reference_configs_per_s=ref_rate,
+    benchmark.extra_info.update(configs=n_cfg, rows=rows, learned_rows=learned_rows,
+                                configs_per_s_best=rate, configs_per_s_median=rate_median,
+                                reference_configs_per_s=ref_rate,
                                 speedup_vs_reference=rate / ref_rate, peak_flops=machine_peak,
-                                fraction_of_peak=rate / limit)
-    _say(capsys, f"\n[sweep] {model}: {rows} op rows, {len(gpu_ids)} GPUs x {len(BATCHES)} batch "
-                 f"sizes = {n_cfg:,} configurations\n"
+                                ops_per_config=ops_cfg, fraction_of_peak=rate / limit,
+                                cpu_s_per_config=cpu / n_cfg)
+    _say(capsys, f"\n[sweep] {model}, {weights} ({learned_rows} of {rows} op rows learned): "
+                 f"{len(gpu_ids)} GPUs x {len(BATCHES)} batch sizes = {n_cfg:,} configurations\n"
                  f"[sweep]   warm: best {best * 1e3:.1f} ms = {rate:,.0f} configs/s "
                  f"(median {median * 1e3:.1f} ms = {rate_median:,.0f} configs/s); "
-                 f"{best / (n_cfg * rows) * 1e9:.0f} ns per row evaluation"
+                 f"{best / (n_cfg * rows) * 1e9:.0f} ns per (row, configuration)"
                  f" (target >= {TARGET_CONFIGS_PER_S:,} configs/s)\n"
-                 f"[sweep]   physical limit: {ops_per_cfg:,} arithmetic ops per configuration "
-                 f"({OPS_PER_ROW} per row) at the numpy-matmul peak of {machine_peak / 1e9:.1f} "
-                 f"GFLOP/s = {limit:,.0f} configs/s; achieved {rate / limit:.1%} of it\n"
-                 f"[sweep]   plain-Python reference: {ref_rate:,.0f} configs/s (timed on "
+                 f"[sweep]   CPU time (all threads, best of 5): {cpu * 1e3:.1f} ms = "
+                 f"{cpu / n_cfg * 1e6:.1f} us per configuration, i.e. {n_cfg / cpu:,.0f} "
+                 f"configs/s per core ({os.cpu_count()} cores here)\n"
+                 f"[sweep]   physical limit: {ops_cfg:,} arithmetic ops per configuration "
+                 f"at the numpy-matmul peak of {machine_peak / 1e9:.1f} GFLOP/s = "
+                 f"{limit:,.0f} configs/s; achieved {rate / limit:.1%} of it\n"
+                 f"[sweep]   plain-Python reference: {ref_rate:,.1f} configs/s (timed on "
                  f"{len(sub_gpus) * len(sub_batches)} configurations, extrapolated per "
                  f"configuration); compiled / reference = {rate / ref_rate:,.0f}x "
                  f"(target >= {TARGET_REFERENCE_RATIO}x)")
+
+
+def learned_rows_of(graph, mlp) -> np.ndarray:
+    from predictor.kernels.optime import learned_rows
+
+    return learned_rows(graph.ops.family, mlp)
 
 
 _COLD = """
@@ -204,20 +260,23 @@ def test_memory_does_not_grow_with_configs(benchmark, graphs, capsys):
 
 def test_reference_full_grid_resnet50(benchmark, graphs, gpu_ids, capsys):
     """The reference on the whole ResNet-50 grid once (no extrapolation), and
-    the engine's numbers against it."""
+    the engine's numbers against it. Analytical model: the reference's Python
+    forward pass of the learned networks would take minutes here."""
     graph, _ = graphs["resnet50"]
     feats = [hardware.get(g).features for g in gpu_ids]
-    ref = benchmark.pedantic(reference.sweep, args=(graph, feats, BATCHES, engine.model_params()),
-                             rounds=1, iterations=1)
+    no_mlp = np.zeros(0)
+    ref = benchmark.pedantic(reference.sweep, rounds=1, iterations=1,
+                             args=(graph, feats, BATCHES, engine.model_params(), no_mlp))
     seconds = benchmark.stats.stats.min
-    res = engine.sweep(graph, gpu_ids, BATCHES)
+    with mock.patch.object(engine, "_mlp", lambda: no_mlp):
+        res = engine.sweep(graph, gpu_ids, BATCHES)
+        warm = min(_timed(lambda: engine.sweep(graph, gpu_ids, BATCHES)) for _ in range(20))
     np.testing.assert_allclose(res.phase_ms, ref.phase_ms, rtol=1e-6)
-    warm = min(_timed(lambda: engine.sweep(graph, gpu_ids, BATCHES)) for _ in range(20))
     n_cfg = len(gpu_ids) * len(BATCHES)
-    _say(capsys, f"\n[reference] resnet50, all {n_cfg:,} configurations: plain Python "
-                 f"{seconds:.1f} s = {n_cfg / seconds:,.0f} configs/s; compiled {warm * 1e3:.1f} ms "
-                 f"(best of 20); ratio {seconds / warm:,.0f}x; max relative difference "
-                 f"{np.max(np.abs(res.phase_ms - ref.phase_ms) / ref.phase_ms):.1e}")
+    _say(capsys, f"\n[reference] resnet50, analytical model, all {n_cfg:,} configurations: "
+                 f"plain Python {seconds:.1f} s = {n_cfg / seconds:,.0f} configs/s; compiled "
+                 f"{warm * 1e3:.1f} ms (best of 20); ratio {seconds / warm:,.0f}x; max relative "
+                 f"difference {np.max(np.abs(res.phase_ms - ref.phase_ms) / ref.phase_ms):.1e}")
 
 
 if os.environ.get("PREDICTOR_BENCH_THREADS"):  # e.g. 1: the single-thread figure
