@@ -78,7 +78,7 @@ def test_breakdown_covers_the_measured_families(results):
     bd = e2e.breakdown_frame(results)
     assert not bd.empty
     cats = set(bd.category)
-    assert {"linear", "bmm", "softmax", "layer_norm"} <= cats
+    assert {"linear", "bmm+copy", "softmax", "layer_norm"} <= cats
     lin = bd[bd.category == "linear"].iloc[0]
     assert lin.measured_fw > 0 and lin.predicted_fw > 0
     # The per-node files cover the model: their sum is close to the measured e2e.
