@@ -22,8 +22,9 @@ def plot_sweep(result, path: str | Path, *, title: str | None = None) -> Path:
 
     Both axes are logarithmic (x in powers of two): a sweep spans orders of
     magnitude in both. The legend lists GPUs from the highest peak throughput
-    down, so it reads as a ranking; markers show the swept batch sizes, and a
-    ring marks each GPU's best batch by throughput.
+    down, so it reads as a ranking; markers show the swept batch sizes, a
+    ring marks each GPU's best batch by throughput among those that fit in
+    memory, and configurations that do not fit are drawn faded.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -37,7 +38,10 @@ def plot_sweep(result, path: str | Path, *, title: str | None = None) -> Path:
     batches = np.asarray(result.batch_sizes)
     iter_ms = np.asarray(result.iteration_ms)
     thr = np.asarray(result.throughput)
-    order = np.argsort(-thr.max(axis=1), kind="stable")
+    fits = np.asarray(getattr(result, "fits", np.ones(thr.shape, dtype=bool)))
+    best_thr = np.where(fits, thr, -np.inf)
+    order = np.argsort(-np.where(fits.any(axis=1), best_thr.max(axis=1), thr.max(axis=1) * 1e-9),
+                       kind="stable")
     n = len(order)
 
     fig = Figure(figsize=(13, 5.2 + 0.06 * max(n - 12, 0)), layout="constrained")
@@ -48,11 +52,20 @@ def plot_sweep(result, path: str | Path, *, title: str | None = None) -> Path:
     for rank, g in enumerate(order):
         style = dict(color=colours[rank], linestyle=styles[(rank // 10) % len(styles)],
                      linewidth=1.6, marker="o", markersize=2.8 if len(batches) > 16 else 4)
-        best = int(np.argmax(thr[g]))
-        ax_t.plot(batches, iter_ms[g], label=result.gpus[g], **style)
-        ax_s.plot(batches, thr[g], **style)
-        ax_s.plot(batches[best], thr[g, best], marker="o", markersize=9, fillstyle="none",
-                  color=colours[rank], linestyle="none")
+        ok = fits[g]
+        label = result.gpus[g] + ("" if ok.any() else " (does not fit)")
+        # Configurations that do not fit in memory: the same line, faded.
+        faded = dict(style, alpha=0.22, linewidth=1.0, label=None)
+        if not ok.all():
+            ax_t.plot(batches, iter_ms[g], **faded)
+            ax_s.plot(batches, thr[g], **faded)
+        shown = np.where(ok, 1.0, np.nan)
+        ax_t.plot(batches, iter_ms[g] * shown, label=label, **style)
+        ax_s.plot(batches, thr[g] * shown, **style)
+        if ok.any():
+            best = int(np.argmax(best_thr[g]))
+            ax_s.plot(batches[best], thr[g, best], marker="o", markersize=9, fillstyle="none",
+                      color=colours[rank], linestyle="none")
     pow2 = FuncFormatter(lambda v, _: f"{v:g}" if v < 1e4 else f"2^{np.log2(v):.0f}")
     for ax, label in ((ax_t, "iteration time (ms)"), (ax_s, "throughput (samples/s)")):
         ax.set_xscale("log", base=2)
@@ -68,6 +81,9 @@ def plot_sweep(result, path: str | Path, *, title: str | None = None) -> Path:
     ax_t.set_title("time per training iteration" if result.mode == "train"
                    else "time per forward pass", fontsize=11)
     ax_s.set_title("samples per second (ring: best batch)", fontsize=11)
+    if not fits.all():
+        fig.text(0.995, 0.01, "faded: predicted not to fit\nin the GPU's memory", fontsize=9,
+                 color="0.35", ha="right", va="bottom")
     fig.suptitle(title or f"{result.model} · {result.mode} · predicted", fontsize=13)
     fig.legend(*ax_t.get_legend_handles_labels(), loc="outside right upper",
                ncols=1 if n <= 18 else 2, fontsize=9, title="GPU (fastest first)",

@@ -219,7 +219,7 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     x = [0.0] * F.N_FEATURES
     x[0] = _lg((flops + 1.0) / peak * 1e6)
     x[1] = _lg((nbytes + 1.0) / bw * 1e6)
-    x[2] = _lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw)
+    x[2] = min(_lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw), 0.0)
     x[3] = _lg(blocks / sms)
     x[4] = wave_utilisation(blocks, slots)
     x[5] = _lg(_cdiv(blocks, slots))

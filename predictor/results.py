@@ -217,9 +217,18 @@ class SweepResult:
             "fits": self.fits.ravel(),
         })
 
-    def best(self, objective: str = "throughput"):
-        """Best batch size per GPU by `objective` ('throughput' or 'time')."""
+    def best(self, objective: str = "throughput", *, fitting: bool = True):
+        """Best batch size per GPU by `objective` ('throughput' or 'time'),
+        among the configurations that fit in memory (``fitting=False``: among
+        all). A GPU on which nothing fits has no row."""
+        if objective not in ("throughput", "time"):
+            from predictor.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"unknown objective {objective!r}; choose 'throughput' or 'time'")
         df = self.to_pandas()
+        if fitting:
+            df = df[df["fits"]]
         if objective == "time":
             idx = df.groupby("gpu", sort=False)["iteration_ms"].idxmin()
         else:

@@ -280,6 +280,18 @@ def test_sweep_result_views(resnet50_graph):
     assert row.throughput == pytest.approx(32 / (row.iteration_ms / 1e3))
 
 
+def test_best_is_among_configurations_that_fit(resnet50_graph):
+    res = predictor.sweep(resnet50_graph, ["T4", "H100-SXM5-80GB"], [64, 256, 1024, 4096])
+    assert res.memory_bytes is not None and not res.fits.all()
+    best = res.best()
+    assert best["fits"].all()
+    unfiltered = res.best(fitting=False)
+    assert (unfiltered["batch_size"] >= best.set_index("gpu").loc[unfiltered["gpu"],
+                                                                   "batch_size"].values).all()
+    with pytest.raises(predictor.InvalidArgumentError, match="objective"):
+        res.best("cost")
+
+
 @pytest.mark.parametrize("batches,message", [([], "no batch size"), ([0], "positive"),
                                              ([4, -1], "positive"), ([2.5], "positive")])
 def test_sweep_bad_batches(resnet50_graph, batches, message):

@@ -182,16 +182,22 @@ def print_best(graph, args, res, best, seconds: float) -> None:
 
     from predictor.commands.common import fmt
 
+    memory = res.memory_bytes is not None
     largest = int(res.batch_sizes[-1])
-    table = Table(title="best batch size per GPU by throughput", title_justify="left")
+    table = Table(title="best batch size per GPU by throughput"
+                  + (" (among those that fit in memory)" if memory else ""), title_justify="left")
     table.add_column("GPU", no_wrap=True)
-    for label in ("batch", "ms/iter", "samples/s", "$/M samples"):
+    for label in ("batch", "ms/iter", "samples/s") + (("GiB",) if memory else ()) \
+            + ("$/M samples",):
         table.add_column(label, justify="right", no_wrap=True)
     best = best.sort_values("throughput", ascending=False, ignore_index=True)
     for row in best.itertuples():
         mark = "*" if int(row.batch_size) == largest and len(res.batch_sizes) > 1 else ""
-        table.add_row(row.gpu, f"{int(row.batch_size)}{mark}", f"{row.iteration_ms:,.2f}",
-                      f"{row.throughput:,.1f}", fmt(row.usd_per_m_samples))
+        cells = [row.gpu, f"{int(row.batch_size)}{mark}", f"{row.iteration_ms:,.2f}",
+                 f"{row.throughput:,.1f}"]
+        if memory:
+            cells.append(f"{row.memory_gb:,.1f}")
+        table.add_row(*cells, fmt(row.usd_per_m_samples))
     out = console()
     out.print(_title(graph, args), style="bold")
     out.print(table)
@@ -200,8 +206,12 @@ def print_best(graph, args, res, best, seconds: float) -> None:
             f"predicted in {seconds * 1e3:,.1f} ms (the first sweep of a process includes loading "
             "the compiled kernels); --csv/--json give the forward/backward/optimizer split")
     if (best["batch_size"] == largest).any() and len(res.batch_sizes) > 1:
-        note += (f"\n* the largest batch swept ({largest}): throughput is still rising there; "
-                 "check that it fits in the GPU's memory")
+        note += (f"\n* the largest batch swept ({largest}): throughput is still rising there"
+                 + ("" if memory else "; check that it fits in the GPU's memory"))
+    none_fit = [g for g in res.gpus if g not in set(best["gpu"])]
+    if none_fit:
+        note += (f"\nno batch size swept fits in memory on: {', '.join(none_fit)} "
+                 f"(limit {res.max_memory_fraction:.0%} of the GPU's memory)")
     extra = [f"plot: {args.plot}" if args.plot else "", f"CSV: {args.csv}" if args.csv else "",
              f"graph: {args.save_graph}" if args.save_graph else ""]
     if any(extra):
