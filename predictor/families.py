@@ -497,7 +497,10 @@ def _foreach(*args, out=None, **kwargs) -> list[Row]:
     per_launch = _MAX_TENSORS_BY_DEPTH[max(depth, 1)]
     total = sum(t.numel for t in lists[0])
     kernels = max(math.ceil(n_tensors / per_launch), math.ceil(total / _MTA_ELEMS_PER_LAUNCH), 1)
-    return [memory_row(L.OPTIMIZER, read, written, read, 1, n_tensors, kernels)]
+    # One "row" per tensor, of the mean tensor size: inner x outer = elements,
+    # as in every other memory-bound row.
+    inner = max(total // max(n_tensors, 1), 1)
+    return [memory_row(L.OPTIMIZER, read, written, read, inner, n_tensors, kernels)]
 
 
 def _is_multi_tensor(op: Any) -> bool:

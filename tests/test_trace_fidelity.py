@@ -171,3 +171,21 @@ def test_gemm_layout_follows_the_operands():
     conv1d = layouts(Conv1D())
     assert ("forward", "addmm", 0) in conv1d
     assert ("backward", "mm", L.GEMM_A_T) in conv1d       # dW = x^T @ dY
+
+
+def test_memory_rows_have_inner_times_outer_elements():
+    """inner x outer spans the tensor for every memory-bound row the per-op
+    models see (dropout, clone and the optimizer's foreach rows included)."""
+    g = predictor.trace(Tiny, lambda b: (torch.zeros(b, 64, dtype=torch.long),), loss_fn=tiny_loss,
+                        optimizer="adam", batch_size=4)
+    t = g.ops
+    d = t.dims(4)
+    names = np.asarray(t.op_names, dtype=object)[t.op]
+    checked = set()
+    for i in range(len(t)):
+        if t.family[i] in (L.DROPOUT, L.COPY, L.OPTIMIZER) or names[i] == "native_dropout_backward":
+            inner, outer = d[i, L.MEM_INNER], d[i, L.MEM_OUTER]
+            written = d[i, L.MEM_WRITTEN]
+            assert inner * outer <= written + outer and inner * outer * 2 >= written // 2, names[i]
+            checked.add(int(t.family[i]))
+    assert {L.DROPOUT, L.OPTIMIZER} <= checked
