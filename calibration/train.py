@@ -75,10 +75,34 @@ def features(samples: OpSamples, params: np.ndarray | None = None):
     return x, ideal, group, samples.latency_ms * 1e3
 
 
+def doubled(samples: OpSamples, seed: int = 0) -> OpSamples:
+    """Each sample with twice the work along one randomly chosen dim (a GEMM
+    dim, a conv's batch or channels, or a memory-bound op's element count):
+    training penalises predicting such an op faster than the original."""
+    rng = np.random.default_rng(seed)
+    dims = samples.dims.copy()
+    n = len(samples)
+    gemm = samples.family == L.MATMUL
+    conv = np.isin(samples.family, (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD))
+    mem = ~(gemm | conv)
+    rows = np.arange(n)
+    col = rng.integers(0, 4, n)
+    dims[rows[gemm], col[gemm]] *= 2
+    conv_cols = np.array([0, 1, 4])[rng.integers(0, 3, n)]  # batch, in or out channels
+    dims[rows[conv], conv_cols[conv]] *= 2
+    for c in (L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS, L.MEM_OUTER):
+        dims[mem, c] *= 2
+    return OpSamples(samples.op, samples.family, dims, samples.gpu, samples.latency_ms)
+
+
 def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarray, *,
+              x_more: np.ndarray | None = None, ideal_more: np.ndarray | None = None,
               seed: int = 0, epochs: int = 60, hidden=HIDDEN, batch: int = 2048,
               progress=None) -> GroupModel:
-    """Fit one group's network and floor by minimising squared log error."""
+    """Fit one group's network and floor by minimising squared log error.
+
+    `x_more`, `ideal_more`: the same samples with twice the work (see
+    `doubled`); predictions for them must not be faster."""
     import torch
 
     # One thread: these networks are too small for intra-op parallelism to pay,
@@ -94,11 +118,14 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     it = torch.tensor(ideal, dtype=torch.float32)
     yt = torch.tensor(np.log(target_us), dtype=torch.float32)
     # Feature-space steps of "this GPU, better" (see features.improvement_directions).
-    better = [(torch.tensor(v / std, dtype=torch.float32), sc, sm)
+    better = [(torch.tensor((F.shift_features(x, v) - mean) / std, dtype=torch.float32), sc, sm)
               for v, sc, sm in F.improvement_directions()]
     # The compute and memory parts of the ideal time, recovered from features 0 and 1.
     t_c = torch.tensor(np.exp2(x[:, 0]), dtype=torch.float32)
     t_m = torch.tensor(np.exp2(x[:, 1]), dtype=torch.float32)
+    if x_more is not None:
+        xm = torch.tensor((x_more - mean) / std, dtype=torch.float32)
+        im = torch.tensor(ideal_more, dtype=torch.float32)
     h1, h2 = hidden
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], h1), torch.nn.Tanh(),
                               torch.nn.Linear(h1, h2), torch.nn.Tanh(), torch.nn.Linear(h2, 1))
@@ -118,12 +145,17 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
             pred = floor + it[idx] / eta
             loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
             # The same op on a better GPU must not be predicted slower.
-            for step_x, sc, sm in better:
-                eta2 = eta_max * torch.sigmoid(net(xt[idx] + step_x).squeeze(-1))
+            for x_better, sc, sm in better:
+                eta2 = eta_max * torch.sigmoid(net(x_better[idx]).squeeze(-1))
                 ideal2 = torch.maximum(t_c[idx] * sc, t_m[idx] * sm)
                 faster = floor + ideal2 / eta2
                 loss = loss + MONOTONE_WEIGHT * torch.relu(
                     torch.log(faster) - torch.log(pred)).mean()
+            if x_more is not None:
+                eta_m = eta_max * torch.sigmoid(net(xm[idx]).squeeze(-1))
+                more = floor + im[idx] / eta_m
+                loss = loss + MONOTONE_WEIGHT * torch.relu(
+                    torch.log(pred) - torch.log(more)).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -163,6 +195,7 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
           progress=None) -> np.ndarray:
     """Fit every group present in `samples`; returns the packed weights."""
     x, ideal, group, target = features(samples)
+    x_more, ideal_more, _, _ = features(doubled(samples, seed))
     models = {}
     for g in range(F.N_GROUPS):
         if groups is not None and g not in groups:
@@ -170,8 +203,9 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
         mask = group == g
         if mask.sum() < 50:
             continue
-        models[g] = fit_group(g, x[mask], ideal[mask], target[mask], seed=seed + g,
-                              epochs=epochs, progress=progress)
+        models[g] = fit_group(g, x[mask], ideal[mask], target[mask], x_more=x_more[mask],
+                              ideal_more=ideal_more[mask], seed=seed + g, epochs=epochs,
+                              progress=progress)
     return pack(models)
 
 

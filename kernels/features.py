@@ -102,7 +102,10 @@ def row_features(family, dtype_code, d, gpu, params, out):
     # How the op meets the GPU.
     out[0] = _lg((flops + 1.0) / peak * 1e6)                # log2 ideal compute time, us
     out[1] = _lg((nbytes + 1.0) / bw * 1e6)                 # log2 ideal memory time, us
-    out[2] = _lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw)   # intensity vs ridge
+    # How far below the ridge point the op's intensity is (0 when compute-bound):
+    # above the ridge, bandwidth must not matter, and a GPU with more of it must
+    # not look different to the model.
+    out[2] = min(_lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw), 0.0)
     out[3] = _lg(blocks / sms)
     out[4] = wave_utilisation(blocks, slots)
     out[5] = _lg(waves)
@@ -147,15 +150,23 @@ def improvement_directions() -> list[tuple[np.ndarray, float, float]]:
     the compute time, factor on the memory time) for doubling (a) FLOP/s,
     bandwidth and L2 together, (b) bandwidth alone, (c) FLOP/s alone. Training
     penalises predictions that get slower along any of them, which keeps "the
-    same op on a strictly better GPU is never slower" true."""
+    same op on a strictly better GPU is never slower" true. Feature 2 is
+    clipped at 0, so apply a step as ``shift_features``."""
     out = []
     for dc, dm, dl2, scale_c, scale_m in ((-1.0, -1.0, -1.0, 0.5, 0.5),
                                          (0.0, -1.0, 0.0, 1.0, 0.5),
                                          (-1.0, 0.0, 0.0, 0.5, 1.0)):
         v = np.zeros(N_FEATURES)
         v[0], v[1], v[6] = dc, dm, dl2
-        v[2] = dm - dc  # intensity against the ridge point peak / bandwidth
+        v[2] = dc - dm  # intensity against the ridge point (clipped at 0 by the caller)
         out.append((v, scale_c, scale_m))
+    return out
+
+
+def shift_features(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Features after an improvement step, keeping feature 2's clip at 0."""
+    out = x + step
+    out[:, 2] = np.minimum(out[:, 2], 0.0)
     return out
 
 

@@ -56,6 +56,8 @@ def _rows(fam, dims):
     return np.array([fam]), d
 
 
+# Run-to-run noise of an isolated kernel measurement in the data (microseconds).
+NOISE_MS = 0.005
 GPUS = ["T4", "V100-SXM2-32GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "L4", "P100-PCIE-16GB"]
 dim = st.integers(1, 4096)
 
@@ -70,20 +72,21 @@ def test_more_gemm_work_is_never_much_faster(b, m, n, k, gpu, which):
     t0 = predict_rows(*_rows(L.MATMUL, base), gpu)[0]
     t1 = predict_rows(*_rows(L.MATMUL, more), gpu)[0]
     assert np.isfinite([t0, t1]).all() and min(t0, t1) > 0
-    assert t1 >= 0.9 * t0
+    assert t1 >= t0 - max(0.1 * t0, NOISE_MS)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 1 << 26), inner=st.sampled_from([1, 7, 64, 768, 1024, 4096]),
+@given(rows=st.integers(1, 1 << 16), inner=st.sampled_from([1, 7, 64, 768, 1024, 4096]),
        fam=st.sampled_from([L.ELEMENTWISE, L.SOFTMAX, L.LAYER_NORM]),
        gpu=st.sampled_from(GPUS))
-def test_more_memory_work_is_never_much_faster(n, inner, fam, gpu):
-    def row(numel):
-        return _rows(fam, [numel, numel, numel, inner, max(numel // inner, 1)])
+def test_more_memory_work_is_never_much_faster(rows, inner, fam, gpu):
+    def row(outer):
+        numel = outer * inner
+        return _rows(fam, [numel, numel, numel, inner, outer])
 
-    t0 = predict_rows(*row(n), gpu)[0]
-    t1 = predict_rows(*row(2 * n), gpu)[0]
-    assert t1 >= 0.9 * t0 > 0
+    t0 = predict_rows(*row(rows), gpu)[0]
+    t1 = predict_rows(*row(2 * rows), gpu)[0]
+    assert t0 > 0 and t1 >= t0 - max(0.1 * t0, NOISE_MS)
 
 
 def _better(gpu_id: str, factor: float):
@@ -147,3 +150,15 @@ def test_accuracy_harness_runs(data_dir):
     test = df[df.split == "test"].pivot_table(index="family", columns="model", values="mape")
     assert (test["learned"] < test["roofline"]).all(), test
     assert np.isfinite(df.mape).all()
+
+
+@pytest.mark.parametrize("op,shapes", [
+    ("linear", [(4096, 1024), (4096, 1024)]),
+    ("bmm", [(16, 512, 64), (16, 64, 512)]),
+    ("add", [(4096, 1024), (4096, 1024)]),
+    ("softmax", [(4096, 1024)]),
+])
+def test_more_bandwidth_alone_is_never_slower(op, shapes):
+    # The 80 GB A100 PCIe differs from the 40 GB one only in memory size and
+    # bandwidth (and board power).
+    assert predict_op(op, shapes, "A100-PCIE-80GB") <= 1.02 * predict_op(op, shapes, "A100-PCIE-40GB")
