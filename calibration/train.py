@@ -212,25 +212,14 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
 def save(path: str | Path, mlp: np.ndarray, meta: dict) -> None:
     """Write the weights atomically (npz with a JSON description)."""
     import io
-    import os
-    import tempfile
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from predictor.io import atomic_write_bytes
+
     buf = io.BytesIO()
     np.savez(buf, mlp=mlp, meta=np.frombuffer(json.dumps(meta, sort_keys=True).encode(),
                                               dtype=np.uint8))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def train_from_data(data: str | Path, out: str | Path, *, seed: int = 0, epochs: int = 60,
