@@ -521,6 +521,8 @@ register(aten.cat, aten.stack, aten._to_copy, aten.copy_, aten.copy, aten.index_
          aten.select_scatter, aten.roll, aten.flip, aten.repeat, aten.tril, aten.triu,
          aten.index_add, aten.narrow_copy, aten.slice_backward, aten.select_backward,
          aten.embedding_renorm_, aten.col2im, aten.im2col)(_copy)
+# Scans read and write every element once: memory-bound like a copy.
+register(aten.cumsum, aten.cumprod, aten.logcumsumexp)(_copy)
 
 
 @register(aten.clone, aten.contiguous)
