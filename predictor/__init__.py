@@ -24,6 +24,7 @@ __all__ = [
     "trace", "predict", "sweep", "gpus", "load_specs", "Graph", "Prediction", "SweepResult",
     "PredictorError", "UnknownGPUError", "UnknownModelError", "SpecError", "TraceError",
     "InvalidArgumentError", "__version__", "calibrate", "load_calibration", "search",
+    "predict_op",
 ]
 
 
@@ -46,6 +47,9 @@ def __getattr__(name: str):
         # works whether or not the submodule was imported first.
         import importlib
         return importlib.import_module("predictor.search")
+    if name == "predict_op":
+        from predictor.opmodel import predict_op
+        return predict_op
     if name == "Graph":
         from predictor.optable import Graph
         return Graph
