@@ -159,7 +159,10 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, log=print) -> tuple[pd.D
         for model, pred in preds.items():
             rows.extend(score(split, gpu, model, errors(pred, ev), fams))
         points[(split, gpu)] = (ev.latency_ms, preds["learned"], fams)
-        log(f"  {split:>9} {gpu:<16} {len(ev):>6} ops  {time.perf_counter() - t0:5.1f} s")
+        mine = [r for r in rows if r["split"] == split and r["gpu"] == gpu
+                and r["model"] == "learned"]
+        log(f"  {split:>9} {gpu:<16} {len(ev):>6} ops  {time.perf_counter() - t0:5.1f} s  "
+            "learned MAPE " + ", ".join(f"{r['family']} {r['mape']:.1f}" for r in mine))
 
     log("in-distribution: train on all GPUs, test on test/ shapes")
     evaluate("test", "all", train, test, shipped_weights(seed, epochs, train))
