@@ -52,6 +52,7 @@ def peak_memory(coef, power, itemsize, cap, alloc, free, n_steps, batches, round
     segments holding them; out_step[b]: the op at which out_allocated peaks.
     """
     n = coef.shape[0]
+    n_steps = max(n_steps, 1)
     d_alloc = np.zeros(n_steps + 1, dtype=np.int64)
     d_large = np.zeros(n_steps + 1, dtype=np.int64)
     d_small = np.zeros(n_steps + 1, dtype=np.int64)
@@ -67,15 +68,18 @@ def peak_memory(coef, power, itemsize, cap, alloc, free, n_steps, batches, round
                 block = _round_up(size, MIN_BLOCK)
             else:
                 block = size
-            d_alloc[alloc[i]] += block
-            d_alloc[free[i] + 1] -= block
+            # Clamped, so that no index from a damaged profile leaves the arrays.
+            a = min(max(alloc[i], 0), n_steps - 1)
+            f = min(max(free[i], a), n_steps - 1) + 1
+            d_alloc[a] += block
+            d_alloc[f] -= block
             if block > SMALL_SIZE:
                 seg = _round_up(block, SEGMENT)
-                d_large[alloc[i]] += seg
-                d_large[free[i] + 1] -= seg
+                d_large[a] += seg
+                d_large[f] -= seg
             else:
-                d_small[alloc[i]] += block
-                d_small[free[i] + 1] -= block
+                d_small[a] += block
+                d_small[f] -= block
         live = np.int64(0)
         large = np.int64(0)
         small = np.int64(0)
