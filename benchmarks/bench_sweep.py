@@ -240,7 +240,8 @@ def test_memory_does_not_grow_with_configs(benchmark, graphs, capsys):
         tracemalloc.stop()
         rss1 = proc.memory_info().rss
         result = sum(a.nbytes for a in (res.phase_ms, res.batch_sizes,
-                                        getattr(res, "overhead_phase_ms", None))
+                                        getattr(res, "overhead_phase_ms", None),
+                                        getattr(res, "memory_bytes", None))
                      if a is not None)
         extra[nb] = (peak - result, result)
         lines.append(f"[memory]   {len(gpus)} GPUs x {nb:,} batch sizes: peak traced "
@@ -250,7 +251,8 @@ def test_memory_does_not_grow_with_configs(benchmark, graphs, capsys):
     benchmark.pedantic(lambda: None, rounds=1)
     benchmark.extra_info.update(beyond_result_bytes={str(k): v[0] for k, v in extra.items()})
     _say(capsys, "\n[memory] tracemalloc peak during one sweep (Python + numpy allocations; "
-                 "the kernel's own scratch is one dims vector per task and O(rows))\n"
+                 "the kernels' own scratch is O(rows + GPUs) plus a dims vector and the "
+                 "learned models' activations per task)\n"
          + "\n".join(lines))
     # Temporaries are at most a small multiple of the result (the phase sums
     # before the host-overhead split), never per-op or per-configuration objects.
