@@ -411,6 +411,23 @@ def print_summary(s, out=None) -> None:
                   f"{'met' if ok else 'MISSED'}", file=out)
 
 
+def markdown(df, summary) -> str:
+    """The per-label table and the per-GPU/mode summary as Markdown (for docs)."""
+    lines = ["| GPU | model | mode | seq | batch | measured ms | predicted ms | error % "
+             "| fw error % | bw error % |", "|" + " --- |" * 10]
+    for r in df.itertuples():
+        bw = _fmt_pct(r.bw_err_pct) if r.mode == "train" else ""
+        lines.append(f"| {r.gpu} | {r.model} | {r.mode} | {r.seq} | {r.batch} | "
+                     f"{r.measured_ms:.1f} | {r.predicted_ms:.1f} | {_fmt_pct(r.err_pct)} | "
+                     f"{_fmt_pct(r.fw_err_pct)} | {bw} |")
+    lines += ["", "| GPU | mode | labels | mean abs error % | max abs error % | mean error % |",
+              "|" + " --- |" * 6]
+    for r in summary.itertuples():
+        lines.append(f"| {r.gpu} | {r.mode} | {r.n} | {r.mean_abs_err_pct:.1f} | "
+                     f"{r.max_abs_err_pct:.1f} | {r.mean_err_pct:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_csv(df, path: Path) -> None:
     from predictor.io import atomic_writer as atomic_write
 
@@ -783,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", help="train,inf (default: both)")
     ap.add_argument("--plot", type=Path, help="write the predicted-vs-measured plot here (.png/.svg/.pdf)")
     ap.add_argument("--csv", type=Path, help="write the per-label table here")
+    ap.add_argument("--markdown", type=Path, help="write the tables as Markdown here")
     ap.add_argument("--breakdown", action="store_true", help="print per-label family tables")
     ap.add_argument("--sanity", action="store_true",
                     help="only the Habitat-model sanity table (needs no data)")
@@ -822,6 +840,10 @@ def main(argv: list[str] | None = None) -> int:
         print_breakdown_labels(bd)
     if args.csv:
         write_csv(df, args.csv)
+    if args.markdown:
+        from predictor.io import atomic_write_text
+
+        atomic_write_text(args.markdown, markdown(df, summary))
     if args.plot:
         plot(df, args.plot)
     log(f"done in {time.perf_counter() - start:.1f} s")
