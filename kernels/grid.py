@@ -50,7 +50,7 @@ _MIN_TASKS = 16
 _MIN_BLOCK = 8
 _LANES = 8
 # Row evaluations (rows x configurations) below which a grid runs on the
-# calling thread alone: about a millisecond of work.
+# calling thread alone: 1-10 ms of work (analytical-learned).
 _MIN_PARALLEL_WORK = 10_000
 
 
