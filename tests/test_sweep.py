@@ -405,6 +405,7 @@ def test_sweep_command_traces_a_zoo_model(tmp_path, capsys):
     (["-b", "1..99999999"], None),  # large but few sizes: fine
     (["--gpus", "H10"], "unknown GPU"),
     (["--plot", "out.jpg"], ".png, .svg or .pdf"),
+    (["--seq-len", "128"], "cannot change a saved graph"),
 ])
 def test_sweep_command_errors(saved_graph, args, needle, capsys):
     code = cli.main(["sweep", saved_graph, "--json", *args]) if needle is None else None

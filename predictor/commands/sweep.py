@@ -97,6 +97,12 @@ def load_graph(args: argparse.Namespace):
     if args.model.lower().endswith(".npz"):
         from predictor.optable import Graph
 
+        traced_as = [flag for flag, given in (("--seq-len", args.seq_len is not None),
+                                              ("--optimizer", args.optimizer != "adam"),
+                                              ("--inference", args.inference)) if given]
+        if traced_as:
+            raise _bad_argument(f"{', '.join(traced_as)} cannot change a saved graph "
+                                f"({args.model}); trace the model again with them")
         return Graph.load(args.model)
     from predictor.commands.predict import trace_from_args
 
