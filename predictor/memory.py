@@ -139,8 +139,9 @@ class MemoryProfile:
                     out_a, out_r, out_s)
         return out_a, out_r, out_s
 
-    def breakdown(self, batch: int, dtype_code: int | None = None) -> dict[str, float]:
-        """Bytes by category alive at the peak of `batch` (allocator-rounded)."""
+    def breakdown(self, batch: int, dtype_code: int | None = None) -> dict[str, float | str]:
+        """Bytes by category alive at the peak of `batch` (allocator-rounded),
+        and the phase (forward, backward, optimizer) the peak falls in."""
         _, _, step = self.peak([batch], dtype_code=dtype_code)
         t = int(step[0])
         size = self.bytes_at(batch, dtype_code)
