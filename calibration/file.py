@@ -262,8 +262,8 @@ def load(path, graph=None) -> Calibration:
         raise FileFormatError(f"{path}: no such calibration file") from None
     except IsADirectoryError:
         raise FileFormatError(f"{path}: is a folder, not a calibration file") from None
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile,
-            zipfile.LargeZipFile) as exc:
+    except (OSError, ValueError, EOFError, KeyError, MemoryError, NotImplementedError,
+            zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
         raise FileFormatError(f"{path}: not a readable calibration file (truncated or corrupt: "
                               f"{type(exc).__name__}: {_short(exc)})") from None
     try:
@@ -283,7 +283,7 @@ def load(path, graph=None) -> Calibration:
                               f"supported (this dnn-predictor reads {VERSION}); calibrate again")
     try:
         cal = _from_header(header, measured, path)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise FileFormatError(f"{path}: inconsistent calibration file ({_short(exc)})") from None
     made_with = str(cal.settings.get("torch", ""))
     if torch_major(made_with) != torch_major(torch.__version__):
@@ -302,8 +302,9 @@ def _from_header(header: dict, measured: np.ndarray, path: Path) -> Calibration:
     if measured.ndim != 2 or measured.shape != (batch_sizes.shape[0], rows) or rows < 0:
         raise ValueError(f"measured_us has shape {measured.shape}, header says "
                          f"({batch_sizes.shape[0]}, {rows})")
-    if batch_sizes.shape[0] == 0 or np.any(batch_sizes <= 0):
-        raise ValueError("no positive calibrated batch size")
+    if batch_sizes.ndim != 1 or batch_sizes.shape[0] == 0 or np.any(batch_sizes <= 0) \
+            or np.any(batch_sizes > 2**31):
+        raise ValueError("calibrated batch sizes must be whole numbers in 1..2^31")
     if not np.all(np.isfinite(measured)) or np.any(measured < 0):
         raise ValueError("measured times must be finite and non-negative")
     digest = hashlib.sha256(np.ascontiguousarray(measured).tobytes()).hexdigest()
@@ -319,6 +320,8 @@ def _from_header(header: dict, measured: np.ndarray, path: Path) -> Calibration:
         return arr
 
     ov = header.get("overhead") or {}
+    if not isinstance(ov, dict):
+        raise ValueError("overhead must be a table")
     return Calibration(
         model=str(header["model"]), fingerprint=str(header["graph_fingerprint"]),
         device_info=device, batch_sizes=batch_sizes, measured_us=measured,

@@ -83,6 +83,10 @@ _RANGES = {
     "shared_mem_per_sm_kb": (1, 1e6),
 }
 _TFLOPS_RANGE = (1e-6, 1e7)
+# Optional numbers other modules read (prices, all-reduce bandwidth): when
+# present they must be usable numbers too.
+_OTHER_NUMBERS = {"price_usd_per_hour": (0, 1e6), "interconnect_gbs": (1e-3, 1e7),
+                  "nvlink_bridge_gbs": (0, 1e7), "tdp_w": (0, 1e6)}
 _WHOLE = {"sms", "max_threads_per_sm", "max_blocks_per_sm", "registers_per_sm"}
 
 
@@ -127,6 +131,12 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
     if isinstance(dies, bool) or not isinstance(dies, int) or not 1 <= dies <= f[L.G_SMS]:
         raise SpecError(f"{where}: field 'dies' must be a whole number from 1 to the SM count, "
                         f"got {dies!r}")
+    for key, (lo, hi) in _OTHER_NUMBERS.items():
+        value = spec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not lo <= value <= hi):  # NaN fails too
+            raise SpecError(f"{where}: field '{key}' must be a number in {lo:g}..{hi:g}, "
+                            f"got {value!r}")
     aliases = spec.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise SpecError(f"{where}: field 'aliases' must be a list of names, got {aliases!r}")

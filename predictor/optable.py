@@ -178,7 +178,7 @@ def load_graph(path: str | Path) -> Graph:
     try:
         with zipfile.ZipFile(path) as zf:  # a zip bomb would exhaust memory below
             unpacked = sum(i.file_size for i in zf.infolist())
-    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError):
         unpacked = 0  # np.load below says what is wrong with it
     if unpacked > MAX_GRAPH_FILE_BYTES:
         raise FileFormatError(f"{path}: {unpacked / 2**30:.0f} GiB unpacked, too large for a "
@@ -188,7 +188,8 @@ def load_graph(path: str | Path) -> Graph:
             arrays = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise FileFormatError(f"no saved graph at {path}") from None
-    except (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, MemoryError, NotImplementedError,
+            zipfile.BadZipFile) as exc:
         raise FileFormatError(f"{path} is not a saved graph ({exc})") from None
     try:
         header = json.loads(arrays.pop("header").tobytes().decode())

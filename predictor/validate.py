@@ -81,6 +81,19 @@ def check_optable(ops: Any, where: str = "graph") -> None:
     _in_range(slope, 0, MAX_DIM + 1, "ops.dslope", bad)
     _in_range(base + slope, 0, MAX_DIM + 1, "the op dims at batch 1", bad)
     _in_range(base, -MAX_DIM, MAX_DIM + 1, "ops.dbase", bad)
+    # GEMM-like rows need every size >= 1 (the kernels divide by them).
+    at1 = base + slope
+    fam = cols["family"]
+    for codes, width, what in (((L.MATMUL,), 4, "matmul"),
+                               ((L.CONV, L.CONV_DGRAD, L.CONV_WGRAD), 11, "convolution"),
+                               ((L.ATTENTION, L.ATTENTION_BWD), 6, "attention"),
+                               ((L.LSTM, L.LSTM_BWD), 4, "LSTM")):
+        rows = np.isin(fam, codes)
+        if rows.any() and int(at1[rows, :width].min()) < 1:
+            raise bad(f"a {what} row has a size below 1")
+    attn = np.isin(fam, (L.ATTENTION, L.ATTENTION_BWD))
+    if attn.any() and not np.isin(at1[attn, 6], (0, 1)).all():
+        raise bad("an attention row's causal flag is not 0 or 1")
     for name, a in cols.items():
         setattr(ops, name, a)
 

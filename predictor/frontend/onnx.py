@@ -392,6 +392,11 @@ def _call_dtype(call: Call) -> int:
     return dtype_code(cands[0].dtype) if cands else L.F32
 
 
+# Dims of GEMM-like rows that must be non-zero for the kernel to run at all.
+_GEMM_WIDTH = {L.MATMUL: 4, L.CONV: 11, L.CONV_DGRAD: 11, L.CONV_WGRAD: 11, L.ATTENTION: 6,
+               L.ATTENTION_BWD: 6, L.LSTM: 4, L.LSTM_BWD: 4}
+
+
 def _table(phases: list[list[Call]], sentinel: int | None, batch: int, p: Path
            ) -> tuple[OpTable, bool]:
     cache: dict[Any, tuple] = {}
@@ -420,6 +425,9 @@ def _table(phases: list[list[Call]], sentinel: int | None, batch: int, p: Path
                 index[name] = len(names)
                 names.append(name)
             for fam, base, slope, kern in extracted:
+                width = _GEMM_WIDTH.get(fam, 0)
+                if any(b == 0 and s == 0 for b, s in zip(base[:width], slope[:width])):
+                    continue  # an empty GEMM (a zero-size weight): no kernel runs
                 k = (fam, phase, dt, kern, base, slope, index[name])
                 rows[k] = rows.get(k, 0) + 1
     n = len(rows)
@@ -506,7 +514,9 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
         batch_scalable=scalable and sentinel is not None,
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__)
     _set_host_ops(graph, lowered)
-    return graph
+    from predictor.validate import check_graph
+
+    return check_graph(graph, str(p))  # what the kernels can take, or a clear error
 
 
 def _set_host_ops(graph: Graph, lowered: _Lowered) -> None:
