@@ -2,9 +2,10 @@
 
 For each model: trace it at batch b, calibrate on the CPU (every op timed at b
 and 2b, and the real training step at b and 2b), predict the iteration at
-batch 4b with that calibration, then really run the step at 4b (warm, median
-of several iterations) and compare. The 4b measurement is never shown to the
-calibration.
+batch 4b with that calibration, and compare with the real step at 4b (warm,
+median of several iterations). The 4b iterations are timed in between the
+calibration's passes (so that both see the same state of a shared machine);
+the calibration never sees them.
 
 Models (both small enough for a 2-core CI box):
 
@@ -34,7 +35,6 @@ import platform
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -113,31 +113,46 @@ MODELS = {
 
 def run_model(name: str, batch: int, factor: int, repeats: int, iterations: int, clock: str,
               threads: int, progress: bool, measure_iterations: int) -> dict:
+    import statistics
+
     import predictor
-    from predictor.calibration.step import build_step, time_step
+    from predictor.calibration.step import build_step, step_samples
 
     make, inputs, loss = MODELS[name]
     torch.manual_seed(0)
     graph = predictor.trace(make(), inputs(batch), loss_fn=loss, batch_size=batch, name=name)
+    target = factor * batch
+    cpu = torch.device("cpu")
+    # The ground truth: the real step at the target batch, built and timed as
+    # the calibration times its own real iterations. Its iterations are
+    # interleaved with the calibration's passes (the calibration never sees
+    # them), so that both measure the same state of a shared machine.
+    truth = build_step(graph.source, graph.mode, graph.optimizer, target, cpu)
+    step_samples(truth, cpu, iterations=1, warmup=1, clock=clock)
+    real: list[float] = []
+    passes = 2 * repeats
+    due = [(p + 1) * measure_iterations // passes - p * measure_iterations // passes
+           for p in range(passes)]
+
+    def interleave(b: int, p: int) -> None:
+        k = due[p + (repeats if b != batch else 0)]
+        if k:
+            torch.set_num_threads(threads)
+            real.extend(step_samples(truth, cpu, iterations=k, warmup=0, clock=clock))
+
     t0 = time.perf_counter()
     cal = predictor.calibrate(graph, device="cpu", repeats=repeats, batch_sizes=[batch, 2 * batch],
                               iterations=iterations, clock=clock, threads=threads,
-                              progress=progress)
+                              progress=progress, on_pass=interleave)
     cal_s = time.perf_counter() - t0
-    target = factor * batch
+    del truth
     pred = predictor.predict(graph, "cpu", calibration=cal, batch_size=target)
-    # The real step at the target batch: built and timed exactly as the
-    # calibration times its own real iterations, at the same thread count
-    # (numba's OpenMP layer resets it after a parallel kernel).
-    torch.set_num_threads(threads)
-    step = build_step(graph.source, graph.mode, graph.optimizer, target, torch.device("cpu"))
-    real = time_step(step, torch.device("cpu"), iterations=measure_iterations, clock=clock)
-    del step
     pure = _pure_cpu(graph, cal, target)
     return {
         "model": name, "batch": batch, "target": target, "cal": cal, "cal_s": cal_s,
         "predicted": pred.iteration_ms, "ops_only": pred.iteration_ms - pred.overhead_ms,
-        "measured": real, "pure": pure,
+        "measured": float(statistics.median(real)), "measured_n": len(real),
+        "measured_spread": (min(real), max(real)), "pure": pure,
     }
 
 
@@ -158,7 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timing samples per op")
     ap.add_argument("--iterations", type=int, default=5,
                     help="real iterations the calibration times per batch size (median)")
-    ap.add_argument("--measure-iterations", type=int, default=7,
+    ap.add_argument("--measure-iterations", type=int, default=10,
                     help="real iterations timed at the predicted batch size (median)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
@@ -189,8 +204,11 @@ def main(argv=None) -> int:
             gap = "" if it is None else f", real iteration {it:.1f} ms, gap {it - o:+.1f} ms"
             print(f"   batch {b}: per-op sum {o:.1f} ms{gap}")
         ov = cal.overhead
-        print(f"   overhead model: real = (1 + {ov.scale:+.3f}) x ops + {ov.fixed_ms:.1f} ms "
+        print(f"   overhead model: real = (1 {ov.scale:+.3f}) x ops + {ov.fixed_ms:.1f} ms "
               f"({ov.points} points)")
+        lo, hi = r["measured_spread"]
+        print(f"   batch {r['target']}: real iteration {r['measured']:.1f} ms (median of "
+              f"{r['measured_n']}, {lo:.1f}..{hi:.1f}), predicted {r['predicted']:.1f} ms")
         rows.append(r)
     print("\n| model | calibrated at | predicted at | measured ms | calibrated ms | error "
           "| per-op sum only | error | pure model | error |")

@@ -86,13 +86,22 @@ def evaluate(rows: D.OpSamples, origin_ms: np.ndarray, origin: str, mlp: np.ndar
             "calibrated-analytical": origin_ms * a_t / a_o, "origin as-is": origin_ms}
 
 
-def score(rows: D.OpSamples, preds: dict, label_family=None) -> pd.DataFrame:
+def score(rows: D.OpSamples, preds: dict, origin_ms: np.ndarray,
+          label_family=None) -> pd.DataFrame:
+    """Absolute % errors per row and model, plus the pure model's log residual
+    on the target and on the origin (why a ratio helps or not)."""
     fams = family_of(rows.op) if label_family is None else np.full(len(rows), label_family)
     out = []
     for model, pred in preds.items():
         ape = np.abs(pred - rows.latency_ms) / rows.latency_ms * 100
         out.append(pd.DataFrame({"family": fams, "gpu": rows.gpu, "model": model, "ape": ape}))
-    return pd.concat(out, ignore_index=True)
+    df = pd.concat(out, ignore_index=True)
+    n = len(rows)
+    f_o = preds["pure"] / (preds["calibrated"] / origin_ms)  # f(origin) recovered
+    df["res_target"] = np.tile(np.log(rows.latency_ms / preds["pure"]), len(preds))
+    df["res_origin"] = np.tile(np.log(origin_ms / f_o), len(preds))
+    assert len(df) == n * len(preds)
+    return df
 
 
 def run(data: Path, origin_name: str, logo: bool, epochs: int, log=print) -> pd.DataFrame:
@@ -122,7 +131,7 @@ def run(data: Path, origin_name: str, logo: bool, epochs: int, log=print) -> pd.
             if not pick.any():
                 continue
             sub = rows.subset(pick)
-            parts.append(score(sub, evaluate(sub, ms[pick], origin, mlp), label))
+            parts.append(score(sub, evaluate(sub, ms[pick], origin, mlp), ms[pick], label))
         log(f"  {origin} -> {target}: {int((test_rows.gpu == target).sum())} test + "
             f"{int((conv_rows.gpu == target).sum())} conv rows ({time.perf_counter() - t0:.1f} s)")
     df = pd.concat(parts, ignore_index=True)
@@ -134,7 +143,15 @@ def tables(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """MAPE per (family, pair) and per family over all pairs; columns: models."""
     per_pair = df.pivot_table(index=["family", "pair"], columns="model", values="ape",
                               aggfunc="mean")[list(MODELS)]
-    per_pair["n"] = df[df.model == "pure"].groupby(["family", "pair"]).size()
+    pure = df[df.model == "pure"]
+    per_pair["n"] = pure.groupby(["family", "pair"]).size()
+    # Correlation of the pure model's log residuals on origin and target: the
+    # ratio cancels the model's error only as far as the two are correlated
+    # (calibrated beats pure when corr > sd_origin / (2 sd_target)).
+    grouped = pure.groupby(["family", "pair"])
+    per_pair["corr"] = grouped.apply(lambda g: g["res_target"].corr(g["res_origin"]))
+    per_pair["sd_o/2sd_t"] = grouped.apply(
+        lambda g: g["res_origin"].std() / (2 * g["res_target"].std()))
     per_family = df.pivot_table(index="family", columns="model", values="ape",
                                 aggfunc="mean")[list(MODELS)]
     per_family["n"] = df[df.model == "pure"].groupby("family").size()
@@ -153,6 +170,8 @@ def markdown(frame: pd.DataFrame) -> str:
             v = row[c]
             if c == "n":
                 cells.append(str(int(v)))
+            elif c in ("corr", "sd_o/2sd_t"):
+                cells.append(f"{v:.2f}")
             else:
                 text = f"{v:.1f}"
                 cells.append(f"**{text}**" if c in ("pure", "calibrated") and v == best else text)

@@ -26,7 +26,7 @@ bridges a CPU and a GPU).
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -105,7 +105,8 @@ def _settings(device, device_info, clock: str, repeats: int, graph) -> dict:
 def calibrate(graph, *, device=None, repeats: int | None = None,
               batch_sizes: Iterable[int] | int | None = None, iterations: int = 5,
               measure_iteration: bool = True, spec_id: str | None = None,
-              clock: str = "wall", threads: int | None = None, progress: bool = True):
+              clock: str = "wall", threads: int | None = None, progress: bool = True,
+              on_pass: Callable[[int, int], None] | None = None):
     """Measure `graph`'s ops (and its real step) on the local device.
 
     device: "cpu", "cuda", "cuda:1", a torch.device, or None (CUDA when present).
@@ -120,6 +121,9 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         machine when torch runs one thread).
     threads: torch's CPU threads while measuring (restored afterwards); the
         calibration describes the device at that thread count. Default: as set.
+    on_pass: called as ``on_pass(batch, pass)`` after each pass over the ops,
+        so that a harness can interleave its own measurements with the
+        calibration's and both see the same state of a shared machine.
     """
     import torch
 
@@ -131,7 +135,7 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         try:
             return calibrate(graph, device=device, repeats=repeats, batch_sizes=batch_sizes,
                              iterations=iterations, measure_iteration=measure_iteration,
-                             spec_id=spec_id, clock=clock, progress=progress)
+                             spec_id=spec_id, clock=clock, progress=progress, on_pass=on_pass)
         finally:
             torch.set_num_threads(before)
 
@@ -185,6 +189,8 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
             # interference from other work on the machine as the ops do;
             # `iterations` of them spread evenly over the `repeats` passes.
             nonlocal step
+            if on_pass is not None:
+                on_pass(b, p)
             count = (p + 1) * iterations // repeats - p * iterations // repeats
             if step is None or count == 0:
                 return
