@@ -123,7 +123,7 @@ def row_features(family, dtype_code, d, gpu, params, out):
         out[12] = _pow2(m)
         out[13] = _pow2(n)
         out[14] = _pow2(k)
-        out[15] = _lg(2.0 * m * n * k / (m * n + n * k + m * k))  # GEMM intensity (flop/elem)
+        out[15] = _lg(2.0 * m * n * k / max(m * n + n * k + m * k, 1))  # GEMM intensity (flop/elem)
         if family != L.MATMUL:
             out[16] = _lg(d[5])            # kernel size
             out[17] = _lg(d[10])           # stride

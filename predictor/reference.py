@@ -228,7 +228,7 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     if _is_gemm(family):
         bt, m, n, k = gemm_shape(family, d)
         x[8:16] = [_lg(bt), _lg(m), _lg(n), _lg(k), _pow2(m), _pow2(n), _pow2(k),
-                   _lg(2.0 * m * n * k / (m * n + n * k + m * k))]
+                   _lg(2.0 * m * n * k / max(m * n + n * k + m * k, 1))]
         if family != L.MATMUL:
             x[16], x[17] = _lg(d[5]), _lg(d[10])
         for t, (tm, tn, per) in enumerate(F.TILES):
