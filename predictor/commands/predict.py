@@ -95,11 +95,13 @@ def print_table(graph, df) -> None:
              + f" · {graph.parameters / 1e6:,.1f} M params · {flops / 1e12:,.2f} TFLOP/iter")
     table = Table(title=title, title_justify="left")
     table.add_column("GPU", no_wrap=True)
-    for label in ("iter ms", "fwd ms", "bwd ms", "opt ms", "samples/s"):
+    for label in ("iter ms", "fwd ms", "bwd ms", "opt ms", "host ms", "samples/s"):
         table.add_column(label, justify="right", no_wrap=True)
     for row in df.itertuples():
+        # host ms: CPU dispatch/launch time the GPU waits for (included in the phases).
+        host = getattr(row, "overhead_ms", 0.0)
         table.add_row(row.gpu, f"{row.iteration_ms:,.2f}", f"{row.forward_ms:,.2f}",
-                      f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}",
+                      f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}", f"{host:,.2f}",
                       f"{row.throughput:,.1f}")
     out = console()
     out.print(table)
