@@ -530,10 +530,39 @@ def _record(out: Path, target: str, data: bytes, report: str) -> Path:
     return stem
 
 
+# Modules whose coverage guides atheris: the loaders and validators. (Not the
+# numba kernels, which cannot compile instrumented code, nor torch and numpy,
+# which would take longer to instrument than most runs.)
+LOADER_MODULES = ("predictor.frontend.onnx_load", "predictor.frontend.onnx_ops",
+                  "predictor.frontend.onnx", "predictor.optable", "predictor.validate",
+                  "predictor.hardware", "predictor.calibration.file", "predictor.search")
+
+
+def _instrument_loaders() -> None:
+    import importlib
+    import inspect
+
+    import atheris
+
+    for name in LOADER_MODULES:
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+            for obj in list(vars(module).values()):
+                if inspect.isfunction(obj) and obj.__module__ == name:
+                    atheris.instrument_func(obj)
+                elif inspect.isclass(obj) and obj.__module__ == name:
+                    for member in vars(obj).values():
+                        fn = getattr(member, "__func__", member)
+                        if inspect.isfunction(fn):
+                            atheris.instrument_func(fn)
+
+
 def worker(target: str, seconds: float, engine: str, out: Path, timeout: float,
            seed: int) -> int:
     """Fuzz one target until the time is up; returns the number of cases run."""
     work = Path(tempfile.mkdtemp(prefix=f"fuzz-{target}-"))
+    if engine == "atheris":
+        _instrument_loaders()
     seeds = SEEDS[target](work)
     current = out / f"current-{target}.bin"
     out.mkdir(parents=True, exist_ok=True)
@@ -557,11 +586,15 @@ def worker(target: str, seconds: float, engine: str, out: Path, timeout: float,
               flush=True)
 
     if engine == "atheris":
+        import atexit
+
         import atheris
 
+        # libFuzzer ends the process itself at -max_total_time.
+        atexit.register(lambda: print(f"[{target}] {stats['cases']} cases, "
+                                      f"{stats['findings']} findings", flush=True))
+
         def test_one(buf: bytes) -> None:
-            if time.monotonic() > deadline:
-                raise SystemExit(0)
             fdp = atheris.FuzzedDataProvider(buf)
             c = Chooser(lambda lo, hi: fdp.ConsumeIntInRange(lo, hi))
             data = make_input(target, seeds, c)
@@ -570,10 +603,9 @@ def worker(target: str, seconds: float, engine: str, out: Path, timeout: float,
             except Finding as exc:
                 record(data, exc)
 
-        atheris.Setup([sys.argv[0], f"-max_total_time={int(seconds)}", "-rss_limit_mb=8192"],
-                      test_one)
-        with contextlib.suppress(SystemExit):
-            atheris.Fuzz()
+        atheris.Setup([sys.argv[0], f"-max_total_time={max(int(seconds), 1)}",
+                       "-rss_limit_mb=8192", f"-artifact_prefix={out}/"], test_one)
+        atheris.Fuzz()
     elif engine == "hypothesis":
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import strategies as st
@@ -644,6 +676,7 @@ def main(argv=None) -> int:
             proc = subprocess.run(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"})
             current = args.out / f"current-{target}.bin"
             if proc.returncode == 0 or not current.exists():
+                current.unlink(missing_ok=True)
                 break
             # The worker died on an input: keep it as a hard-crash finding.
             crashes += 1
