@@ -89,6 +89,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
                    help="optimizer step to include (default: adam)")
+    p.add_argument("--inference", action="store_true",
+                   help="rank a no-grad forward pass instead of a training step")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="run every floating-point op in this dtype (default: as traced)")
     p.add_argument("--tf32", action="store_true",
