@@ -17,8 +17,10 @@ def add_parser(sub) -> None:
         description="Trace one training step of MODEL (forward, loss, backward, optimizer) "
                     "and predict its time on each GPU.",
         epilog="MODEL is a zoo name (`predictor zoo`), path/to/file.py:factory or "
-               "package.module:factory (the factory returns (model, example_inputs)).")
-    p.add_argument("model", metavar="MODEL", help="zoo name or factory spec")
+               "package.module:factory (the factory returns (model, example_inputs)), or an "
+               "exported ONNX model (model.onnx: its first input dim is the batch, other "
+               "symbolic dims take --seq-len).")
+    p.add_argument("model", metavar="MODEL", help="zoo name, factory spec or .onnx file")
     p.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the model's)")
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
