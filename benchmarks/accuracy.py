@@ -203,7 +203,7 @@ def table(df: pd.DataFrame) -> str:
 def per_gpu_table(df: pd.DataFrame) -> str:
     logo = df[(df.split == "logo") & (df.model == "learned")]
     pivot = logo.pivot_table(index="family", columns="gpu", values="mape")
-    return pivot.round(1).to_markdown() if hasattr(pivot, "to_markdown") else pivot.round(1).to_string()
+    return pivot.round(1).to_string()
 
 
 def plot(points: dict, path: Path) -> None:
