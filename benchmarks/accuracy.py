@@ -136,7 +136,7 @@ def shipped_weights(seed: int, epochs: int, train: D.OpSamples):
 
     mlp, meta = opmodel.shipped()
     if mlp.size and meta.get("seed") == seed and meta.get("epochs") == epochs \
-            and meta.get("samples") == len(train):
+            and meta.get("samples") == len(train) and "shipped_groups" not in meta:
         return mlp
     return None
 

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from predictor.calibration import train as T
 
     out = Path(args.out) if args.out else Path(T.__file__).resolve().parent / "weights"
-    bar = tqdm(total=args.epochs * 5, desc="training", unit="epoch", leave=False)
+    bar = tqdm(total=args.epochs * len(T.SHIPPED_GROUPS), desc="training", unit="epoch", leave=False)
     mlp, meta = T.train_from_data(args.data, out, seed=args.seed, epochs=args.epochs,
                                   progress=bar.update)
     bar.close()
