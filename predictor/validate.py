@@ -134,6 +134,9 @@ def check_graph(graph: Any, where: str = "graph"):
             for h in host):
         raise bad(f"host_ops must be {len(L.PHASE_NAMES)} op counts, got {host!r}")
     check_optable(graph.ops, where)
+    if len(graph.ops) == 0:
+        # A time of 0 ms would be a wrong answer, not a prediction.
+        raise bad("the model computes nothing from its inputs (no ops): nothing to predict")
     memory = getattr(graph, "memory", None)
     if memory is not None:
         _check_memory(memory, bad)
