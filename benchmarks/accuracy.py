@@ -141,7 +141,8 @@ def shipped_weights(seed: int, epochs: int, train: D.OpSamples):
     return None
 
 
-def run(data: Path, *, epochs: int = 60, seed: int = 0, log=print) -> tuple[pd.DataFrame, dict]:
+def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30,
+        log=print) -> tuple[pd.DataFrame, dict]:
     train = D.load_train(data)
     test = D.load_test(data)
     rows: list[dict] = []
@@ -152,7 +153,7 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, log=print) -> tuple[pd.D
         t0 = time.perf_counter()
         if mlp is None:
             mlp = T.train(fit_on, seed=seed, epochs=epochs)
-        habitat = fit_habitat_mlp(fit_on, seed=seed)
+        habitat = fit_habitat_mlp(fit_on, seed=seed, epochs=habitat_epochs)
         fams = family_of(ev.op)
         preds = {"learned": predict_learned(mlp, ev), "roofline": predict_roofline(ev),
                  "analytical": predict_analytical(ev), "habitat-mlp": habitat(ev)}

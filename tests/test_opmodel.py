@@ -147,7 +147,7 @@ def test_accuracy_harness_runs(data_dir):
     beat the plain roofline in-distribution on average over the families."""
     from benchmarks import accuracy
 
-    df, _ = accuracy.run(data_dir, epochs=6, log=lambda *_: None)
+    df, _ = accuracy.run(data_dir, epochs=6, habitat_epochs=3, log=lambda *_: None)
     test = df[df.split == "test"].pivot_table(index="family", columns="model", values="mape")
     assert test["learned"].mean() < test["roofline"].mean(), test
     assert set(df[df.split == "logo"].gpu) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB"}
