@@ -153,6 +153,42 @@ def test_sweep_equals_predict_and_time_grows_with_batch(graph, gpu, batches):
     assert np.all(np.diff(times) >= -1e-9 * times[1:]), list(zip(batches, times))
 
 
+def _one_row_graph(fam: int) -> Graph:
+    base, slope = [0] * L.MAX_DIMS, [0] * L.MAX_DIMS
+    if fam == L.MATMUL:
+        base[:4], slope[1] = [1, 0, 1024, 1024], 128
+    elif fam in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
+        base[:11], slope[0] = [0, 64, 56, 56, 64, 3, 3, 56, 56, 1, 1], 1
+    elif fam in (L.ATTENTION, L.ATTENTION_BWD):
+        base[1:7], slope[0] = [16, 512, 512, 64, 64, 0], 1
+    elif fam in (L.LSTM, L.LSTM_BWD):
+        base[0], base[2], base[3], slope[1] = 50, 1024, 1024, 1
+    else:
+        slope[:3], base[L.MEM_INNER], slope[L.MEM_OUTER] = [8192, 4096, 4096], 1024, 4
+    ops = OpTable(np.array([fam]), np.array([0]), np.array([L.F32]), np.array([1]),
+                  np.array([1]), np.array([base]), np.array([slope]), np.array([0]), ["op"])
+    return Graph("one-row", ops, batch_size=1)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the per-op model is not monotone in the batch size: the analytical LSTM time halves "
+    "from batch 32 to 33 on V100-PCIE-16GB (its thread blocks double, so its wave "
+    "utilisation doubles, while the work grows 3 %), the learned conv model drops 5 % from "
+    "batch 9 to 10 on RTX-4090, conv_wgrad 4 % on B200 (kernels/roofline.py counts actual, "
+    "not tile-padded, work per wave); remove this mark when they are fixed"))
+def test_every_family_is_monotone_in_batch_on_every_gpu():
+    batches = list(range(1, 2049))
+    drops = []
+    for fam in range(L.N_FAMILIES):
+        t = predictor.sweep(_one_row_graph(fam), "all", batches).phase_ms.sum(axis=-1)
+        step = t[:, 1:] / t[:, :-1] - 1
+        if step.min() < -1e-9:
+            g, b = np.unravel_index(np.argmin(step), step.shape)
+            drops.append(f"{L.FAMILY_NAMES[fam]}: {step[g, b]:.1%} at batch {batches[b]} -> "
+                         f"{batches[b + 1]} on {GPU_IDS[g]}")
+    assert not drops, "; ".join(drops)
+
+
 @PROPERTY
 @given(graphs(), st.integers(1, MAX_BATCH))
 def test_work_never_overflows(graph, batch):
