@@ -240,7 +240,8 @@ def test_static_batch_model_is_fixed_at_its_batch(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])
     shape = helper.make_tensor("s", TensorProto.INT64, [2], [2, 32])
-    nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]  # a batch baked into the graph
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]),  # a batch baked into the graph
+             helper.make_node("Relu", ["r"], ["y"])]             # and some work to predict
     path = _save(_model(nodes, [x], [y], [shape]), tmp_path)
     g = trace_onnx(path, mode="inference")
     assert g.batch_size == 4 and not g.batch_scalable
