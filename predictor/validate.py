@@ -91,6 +91,11 @@ def check_optable(ops: Any, where: str = "graph") -> None:
         rows = np.isin(fam, codes)
         if rows.any() and int(at1[rows, :width].min()) < 1:
             raise bad(f"a {what} row has a size below 1")
+    conv = np.isin(fam, (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD))
+    if conv.any():
+        c, k, groups = at1[conv, 1], at1[conv, 4], at1[conv, 9]
+        if np.any(c % groups) or np.any(k % groups):
+            raise bad("a convolution row's groups do not divide its channels")
     attn = np.isin(fam, (L.ATTENTION, L.ATTENTION_BWD))
     if attn.any() and not np.isin(at1[attn, 6], (0, 1)).all():
         raise bad("an attention row's causal flag is not 0 or 1")
