@@ -101,6 +101,16 @@ def _check_model(model: onnx.ModelProto, p: Path) -> None:
         raise FileFormatError(
             f"{p}: ONNX IR version {model.ir_version} is newer than this onnx package reads "
             f"(up to {onnx.IR_VERSION}); upgrade onnx or export with an older version")
+    # Protobuf hands back bytes for a string field that is not valid UTF-8.
+    g = model.graph
+    names = [o.domain for o in model.opset_import]
+    names += [v.name for v in list(g.input) + list(g.output) + list(g.value_info)]
+    names += [i.name for i in g.initializer]
+    for node in g.node:
+        names += [node.op_type, node.domain, node.name, *node.input, *node.output]
+        names += [a.name for a in node.attribute]
+    if not all(isinstance(n, str) for n in names):
+        raise FileFormatError(f"{p}: not a valid ONNX model (a name is not UTF-8 text)")
     default = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
     if not default:
         raise FileFormatError(f"{p}: the model declares no ai.onnx opset")
