@@ -1,7 +1,7 @@
 """Calibrated batch-size extrapolation on this CPU, against real measurements.
 
-For each model: trace it at batch b, calibrate on the CPU (every op timed at b
-and 2b, and the real training step at b and 2b), predict the iteration at
+For each model: trace it at batch b, calibrate on the CPU (every op and the
+real training step timed at b/4, b and 2b), predict the iteration at
 batch 4b with that calibration, and compare with the real step at 4b (warm,
 median of several iterations). The 4b iterations are timed in between the
 calibration's passes (so that both see the same state of a shared machine);
@@ -130,18 +130,19 @@ def run_model(name: str, batch: int, factor: int, repeats: int, iterations: int,
     truth = build_step(graph.source, graph.mode, graph.optimizer, target, cpu)
     step_samples(truth, cpu, iterations=1, warmup=1, clock=clock)
     real: list[float] = []
-    passes = 2 * repeats
+    sizes = sorted({max(1, batch // 4), batch, 2 * batch})  # the calibration's default
+    passes = len(sizes) * repeats
     due = [(p + 1) * measure_iterations // passes - p * measure_iterations // passes
            for p in range(passes)]
 
     def interleave(b: int, p: int) -> None:
-        k = due[p + (repeats if b != batch else 0)]
+        k = due[sizes.index(b) * repeats + p]
         if k:
             torch.set_num_threads(threads)
             real.extend(step_samples(truth, cpu, iterations=k, warmup=0, clock=clock))
 
     t0 = time.perf_counter()
-    cal = predictor.calibrate(graph, device="cpu", repeats=repeats, batch_sizes=[batch, 2 * batch],
+    cal = predictor.calibrate(graph, device="cpu", repeats=repeats, batch_sizes=sizes,
                               iterations=iterations, clock=clock, threads=threads,
                               progress=progress, on_pass=interleave)
     cal_s = time.perf_counter() - t0
@@ -170,10 +171,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="resnet18,encoder")
     ap.add_argument("--batch", type=int, default=8, help="calibration batch size b")
     ap.add_argument("--factor", type=int, default=4, help="predict and measure batch factor x b")
-    ap.add_argument("--repeats", type=int, default=5, help="timing samples per op")
-    ap.add_argument("--iterations", type=int, default=5,
+    ap.add_argument("--repeats", type=int, default=7, help="timing samples (passes) per op")
+    ap.add_argument("--iterations", type=int, default=10,
                     help="real iterations the calibration times per batch size (median)")
-    ap.add_argument("--measure-iterations", type=int, default=10,
+    ap.add_argument("--measure-iterations", type=int, default=20,
                     help="real iterations timed at the predicted batch size (median)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
@@ -219,7 +220,8 @@ def main(argv=None) -> int:
         def err(x):
             return f"{(x - m) / m * 100:+.1f} %"
 
-        print(f"| {r['model']} | {r['batch']}, {2 * r['batch']} | {r['target']} | {m:.1f} | "
+        sizes = ", ".join(str(int(b)) for b in r["cal"].batch_sizes)
+        print(f"| {r['model']} | {sizes} | {r['target']} | {m:.1f} | "
               f"{r['predicted']:.1f} | {err(r['predicted'])} | {r['ops_only']:.1f} | "
               f"{err(r['ops_only'])} | {r['pure']:.1f} | {err(r['pure'])} |")
     worst = max(abs(r["predicted"] - r["measured"]) / r["measured"] for r in rows)

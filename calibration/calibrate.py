@@ -41,9 +41,11 @@ MIN_SAMPLE_S = {"cpu": 2e-3, "cuda": 1e-3}
 def _batch_sizes(graph, batch_sizes: Iterable[int] | int | None) -> list[int]:
     if batch_sizes is None:
         b = graph.batch_size
-        # Two batch sizes let the overhead model separate fixed from
-        # proportional costs; a graph that does not rescale has one.
-        return [b, 2 * b] if graph.batch_scalable else [b]
+        # Three batch sizes a factor 8 apart let the overhead model separate
+        # the fixed cost of an iteration (pinned by the small batch) from the
+        # part that grows with the work; the ops are then scaled from the
+        # nearest of them. A graph that does not rescale has one.
+        return sorted({max(1, b // 4), b, 2 * b}) if graph.batch_scalable else [b]
     if isinstance(batch_sizes, (int, np.integer)):
         batch_sizes = [int(batch_sizes)]
     out = sorted({graph.check_batch(int(b)) for b in batch_sizes})
@@ -111,7 +113,8 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
 
     device: "cpu", "cuda", "cuda:1", a torch.device, or None (CUDA when present).
     repeats: timing samples per op (median); default 5 on a CPU, 15 on CUDA.
-    batch_sizes: where to measure; default the graph's batch size and twice it.
+    batch_sizes: where to measure; default a quarter of the graph's batch size,
+        the batch size and twice it.
     iterations: timed real iterations per batch size (median, after a warm-up),
         interleaved with the `repeats` passes over the ops.
     measure_iteration: also time the real step (needs the model's source; a

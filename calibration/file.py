@@ -76,8 +76,10 @@ class OverheadModel:
 
     `fixed_ms` is what every iteration pays whatever the batch (Python,
     dispatch, launch gaps), `scale` what grows with the work (cache misses
-    between ops, allocator traffic). Fitted by least squares over the
-    calibrated batch sizes; with one batch size `scale` is 0."""
+    between ops, allocator traffic). Fitted by least squares on relative
+    errors over the calibrated batch sizes (so the small batch, where the
+    fixed part shows, weighs as much as the large ones); with one batch size
+    `scale` is 0."""
 
     fixed_ms: float = 0.0
     scale: float = 0.0
@@ -94,7 +96,7 @@ class OverheadModel:
             return OverheadModel()
         if s.size == 1 or np.ptp(s) < 0.05 * s.mean():
             return OverheadModel(fixed_ms=float(np.mean(r - s)), points=int(s.size))
-        slope, icpt = np.polyfit(s, r, 1)
+        slope, icpt = np.polyfit(s, r, 1, w=1.0 / r)
         # A negative fixed cost or a shrinking slope is noise, not overhead:
         # fall back to a proportional gap, which extrapolates conservatively.
         if icpt < 0 or slope <= 0:

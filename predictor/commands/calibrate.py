@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("-b", "--batch-size", type=positive_int,
                    help="batch size to trace and calibrate at (default: the model's)")
     p.add_argument("--calibrate-at", type=_batch_list, metavar="LIST",
-                   help="batch sizes to measure, comma-separated (default: B and 2B)")
+                   help="batch sizes to measure, comma-separated (default: B/4, B and 2B)")
     p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
                    help="optimizer step to include (default: adam)")
