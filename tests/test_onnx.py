@@ -154,6 +154,41 @@ def test_bert_matches_fx(bert_onnx, mode):
                                   for t in onnx.load(bert_onnx).graph.initializer)
 
 
+class _SDPABlock(torch.nn.Module):
+    """Self-attention with F.scaled_dot_product_attention (the Hugging Face default)."""
+
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.qkv, self.out, self.causal = torch.nn.Linear(512, 1536), torch.nn.Linear(512, 512), causal
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 8, 64).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, t, 512))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_export_is_one_attention_kernel(tmp_path, causal):
+    # The exporter writes SDPA out as MatMul(q*s, k^T*s) [+ mask] Softmax MatMul;
+    # PyTorch runs one fused kernel, and so does the prediction.
+    torch.manual_seed(0)
+    block = _SDPABlock(causal)
+    path = export(block, (torch.randn(2, 16, 512),), tmp_path / "sdpa.onnx", ["x"], ["y"],
+                  {"x": {0: "batch", 1: "seq"}})
+    for mode in ("train", "inference"):
+        fx = predictor.trace(block, (torch.randn(16, 512, 512),), mode=mode)
+        g = trace_onnx(path, batch_size=16, seq_len=512, mode=mode)
+        a, c = by_family(fx, 16), by_family(g, 16)
+        assert c[("forward", "attention")] == a[("forward", "attention")]
+        assert ("forward", "softmax") not in c and ("forward", "elementwise") not in c
+        if mode == "train":
+            assert c[("backward", "attention_bwd")] == a[("backward", "attention_bwd")]
+        for gpu in GPUS:
+            assert predictor.predict(g, gpu).iteration_ms == pytest.approx(
+                predictor.predict(fx, gpu).iteration_ms, rel=0.05)
+
+
 def test_symbolic_sequence_needs_a_size(bert_onnx):
     with pytest.raises(InvalidArgumentError, match="sequence.*seq_len"):
         trace_onnx(bert_onnx, batch_size=4)

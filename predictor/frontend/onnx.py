@@ -58,7 +58,7 @@ from predictor.frontend.onnx_load import (
 )
 from predictor.frontend.onnx_ops import (
     ACT, META, ONNX_OPS, PARAM, _VIEWS, _Ctx, _diff_inputs, _erf_gelus, _Fwd, _host,
-    _unsupported,
+    _sdpa_attentions, _unsupported,
 )
 from predictor.kernels import layout as L
 from predictor.optable import Graph, OpTable
@@ -68,7 +68,8 @@ aten = torch.ops.aten
 # Must match predictor.frontend.fx.SENTINEL_BATCH (the lowering's convention).
 SENTINEL_BATCH = 1009
 MODES = ("train", "inference")
-# Integer tensors up to this size computed from shapes alone are shape arithmetic.
+# Tensors up to this size computed from shapes and constants alone are host-side
+# arithmetic (data-sized tensors have at least the sentinel batch's 1009 elements).
 SHAPE_SIZED = 64
 
 __all__ = ["trace_onnx", "load", "ONNX_OPS", "SENTINEL_BATCH"]
@@ -79,9 +80,10 @@ __all__ = ["trace_onnx", "load", "ONNX_OPS", "SENTINEL_BATCH"]
 def _classify(nodes: list[onnx.NodeProto], graph: onnx.GraphProto,
               values: dict[str, _Value]) -> dict[str, str]:
     """PARAM: initializers and what is computed from them alone (folded at load);
-    META: shapes and the small integer arithmetic on them that feeds Reshape,
-    Slice, Expand (host side); ACT: the rest (integer tensors of the size of
-    the data, such as token ids built from shapes, run kernels like any other)."""
+    META: shapes and the small arithmetic on them (the sizes feeding Reshape,
+    Slice, Expand; an attention scale 1/sqrt(d)), host side in PyTorch; ACT:
+    the rest (tensors of the size of the data, such as token ids built from
+    shapes, run kernels like any other)."""
     kinds = {i.name: PARAM for i in graph.initializer}
     for inp in graph.input:
         kinds.setdefault(inp.name, ACT)
@@ -94,8 +96,7 @@ def _classify(nodes: list[onnx.NodeProto], graph: onnx.GraphProto,
             kind = PARAM
         elif all(s in (PARAM, META) for s in srcs) and all(
                 values.get(o) is not None and values[o].shape is not None
-                and not values[o].dtype.is_floating_point and values[o].numel <= SHAPE_SIZED
-                for o in outs):
+                and values[o].numel <= SHAPE_SIZED for o in outs):
             kind = META
         else:
             kind = ACT
@@ -198,8 +199,19 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
         edges.append((tuple(node.input[i] for i in inputs), (node.output[0],)))
 
     gelu = _erf_gelus(nodes, ctx)
+    attention = _sdpa_attentions(nodes, ctx)
+    # Dead code (nothing reaches an output, e.g. a causal mask a fused attention
+    # replaced) runs no kernel, as in any ONNX runtime.
+    reads = {**{k: tuple(_flat_sources(f.sources)) for k, f in attention.items()},
+             **{k: (x,) for k, (x, _) in gelu.items()}}
+    live = {o.name for o in graph.output}
+    alive: set[int] = set()
+    for node in reversed(nodes):
+        if id(node) not in ctx.skip and any(o in live for o in node.output if o):
+            alive.add(id(node))
+            live.update(i for i in reads.get(id(node), node.input) if i)
     for node in nodes:
-        if id(node) in ctx.skip:
+        if id(node) in ctx.skip or id(node) not in alive:
             continue
         outs = [o for o in node.output if o]
         if all(kinds.get(o) in (PARAM, META) for o in outs):
@@ -215,11 +227,13 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
             label = f"{key}(shape unknown)"
             mapped = _unsupported(ctx, node, label)
             unsupported[label] = unsupported.get(label, 0) + 1
+        elif id(node) in attention:
+            mapped = [attention[id(node)]]
         elif id(node) in gelu:
             x, y = gelu[id(node)]
             mapped = [_Fwd(Call(aten.gelu.default, (ctx.t(x),), out=ctx.t(y),
                                 kind="elementwise"), (x,), (y,))]
-        elif node.op_type in _VIEWS and not domain:
+        elif (node.op_type in _VIEWS and not domain) or id(node) in ctx.views:
             views += 1
             passthrough(node, [0])
             if node.op_type == "Expand" and values[node.input[0]].shape != values[outs[0]].shape:

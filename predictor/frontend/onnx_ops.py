@@ -51,6 +51,7 @@ class _Ctx:
     p: Path
     consumers: dict[str, list[onnx.NodeProto]]
     skip: set = field(default_factory=set)   # nodes folded into an earlier call
+    views: set = field(default_factory=set)  # nodes that are views here (no kernel)
 
     def t(self, name: str, shape: tuple | None = None) -> T:
         v = self.values[name]
@@ -729,3 +730,122 @@ def _erf_gelus(nodes: list[onnx.NodeProto], ctx: _Ctx) -> dict[int, tuple[str, s
                 ctx.skip.add(id(n))
         found[id(last)] = (x, last.output[0])
     return found
+
+
+def _sdpa_attentions(nodes: list[onnx.NodeProto], ctx: _Ctx) -> dict[int, _Fwd]:
+    """``F.scaled_dot_product_attention`` as the TorchScript exporter writes it:
+    MatMul(q * s, Transpose(k) * s) with the same host-side scalar s = sqrt(scale)
+    on both sides, [+ mask], Softmax, [Dropout], MatMul(., v). PyTorch runs
+    that as one fused attention kernel (flash / memory-efficient), so it is
+    priced as one. (Eager attention, which scales the scores instead, keeps
+    its matmuls and softmax, as PyTorch runs them.) Returns {id(last node): call}
+    and marks the other nodes of each match skipped."""
+    producer = {o: n for n in nodes for o in n.output if o}
+    found: dict[int, _Fwd] = {}
+
+    def only_user(name: str, op_types: tuple) -> onnx.NodeProto | None:
+        users = ctx.consumers.get(name, [])
+        return users[0] if len(users) == 1 and users[0].op_type in op_types else None
+
+    def scaled(name: str) -> tuple[onnx.NodeProto, str] | None:
+        node = producer.get(name)
+        if node is None or node.op_type != "Mul" or len(node.input) != 2:
+            return None
+        for x, s in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            v = ctx.values.get(s)
+            if ctx.kinds.get(s) in (PARAM, META) and v is not None and v.numel == 1:
+                return node, x
+        return None
+
+    def causal_mask(name: str) -> bool:
+        todo, seen = [name], set()
+        while todo and len(seen) < 64:
+            node = producer.get(todo.pop())
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type == "Trilu":
+                return True
+            todo.extend(i for i in node.input if i)
+        return False
+
+    for mm in nodes:
+        if mm.op_type != "MatMul" or len(mm.input) != 2:
+            continue
+        qs, ks = scaled(mm.input[0]), scaled(mm.input[1])
+        if qs is None or ks is None:
+            continue
+        tr = producer.get(ks[1])
+        if tr is None or tr.op_type != "Transpose":
+            continue
+        q, k = qs[1], tr.input[0]
+        chain = [mm]
+        for node in (qs[0], ks[0]):
+            if len(ctx.consumers.get(node.output[0], [])) == 1:
+                chain.append(node)
+        if len(ctx.consumers.get(tr.output[0], [])) == 1:
+            chain.append(tr)
+        cur, causal = mm.output[0], False
+        masked = only_user(cur, ("Add", "Where"))
+        if masked is not None:
+            mask = [i for i in masked.input if i and i != cur]
+            causal = any(causal_mask(m) for m in mask)
+            chain.append(masked)
+            cur = masked.output[0]
+        soft = only_user(cur, ("Softmax",))
+        if soft is None:
+            continue
+        chain.append(soft)
+        cur = soft.output[0]
+        drop = only_user(cur, ("Dropout",))
+        if drop is not None:
+            chain.append(drop)
+            cur = drop.output[0]
+        last = only_user(cur, ("MatMul",))
+        if last is None or last.input[0] != cur:
+            continue
+        v, y = last.input[1], last.output[0]
+        if any(ctx.values.get(n) is None or ctx.values[n].shape is None
+               or len(ctx.values[n].shape) < 3 for n in (q, k, v, y)):
+            continue
+        for node in chain:
+            ctx.skip.add(id(node))
+        # A mask built from the inputs (padding) is computed and read; a causal
+        # mask built from shapes alone is the kernel's is_causal flag (dead code).
+        masks = tuple(m for m in (mask if masked is not None else [])
+                      if ctx.kinds.get(m) not in (PARAM, META) and not causal)
+        call = Call(aten._scaled_dot_product_flash_attention.default,
+                    (ctx.t(q), ctx.t(k), ctx.t(v)) + tuple(ctx.t(m) for m in masks),
+                    kwargs=(("is_causal", causal),), out=(ctx.t(y),))
+        found[id(last)] = _Fwd(call, (q, k, v) + masks, (y,))
+        # The kernels read strided q, k, v (last dim contiguous) and write their
+        # output as [batch, seq, heads, dim]: the head transposes around them
+        # are views, not the copies they would be before a bmm.
+        for name in (q, k, v):
+            tr = _transpose_behind(name, producer)
+            if tr is not None and _keeps_last_axis(tr):
+                ctx.views.add(id(tr))
+        after = only_user(y, ("Transpose",))
+        if after is not None and _keeps_last_axis(after):
+            ctx.views.add(id(after))
+    return found
+
+
+def _transpose_behind(name: str, producer: dict) -> onnx.NodeProto | None:
+    """The Transpose a tensor comes from through views (Split, Squeeze, Reshape...)."""
+    for _ in range(8):
+        node = producer.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Transpose":
+            return node
+        if node.op_type not in ("Split", "Squeeze", "Unsqueeze", "Reshape", "Identity",
+                                "Flatten"):
+            return None
+        name = node.input[0]
+    return None
+
+
+def _keeps_last_axis(node: onnx.NodeProto) -> bool:
+    perm = _attr(node, "perm", None)
+    return perm is not None and len(perm) > 0 and perm[-1] == len(perm) - 1
