@@ -152,6 +152,9 @@ def tables(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     per_pair["corr"] = grouped.apply(lambda g: g["res_target"].corr(g["res_origin"]))
     per_pair["sd_o/2sd_t"] = grouped.apply(
         lambda g: g["res_origin"].std() / (2 * g["res_target"].std()))
+    # ... and as far as the model's mean bias is the same on both (% of time).
+    per_pair["bias_o %"] = grouped["res_origin"].mean().map(lambda r: (np.exp(r) - 1) * 100)
+    per_pair["bias_t %"] = grouped["res_target"].mean().map(lambda r: (np.exp(r) - 1) * 100)
     per_family = df.pivot_table(index="family", columns="model", values="ape",
                                 aggfunc="mean")[list(MODELS)]
     per_family["n"] = df[df.model == "pure"].groupby("family").size()
@@ -172,6 +175,8 @@ def markdown(frame: pd.DataFrame) -> str:
                 cells.append(str(int(v)))
             elif c in ("corr", "sd_o/2sd_t"):
                 cells.append(f"{v:.2f}")
+            elif c.startswith("bias"):
+                cells.append(f"{v:+.0f}")
             else:
                 text = f"{v:.1f}"
                 cells.append(f"**{text}**" if c in ("pure", "calibrated") and v == best else text)

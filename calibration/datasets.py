@@ -54,9 +54,10 @@ def _rows(op: str, df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     dims = np.zeros((n, L.MAX_DIMS), dtype=np.int64)
     if op in ("linear", "bmm"):
         b, m, nn, k = (df[c].to_numpy(np.int64) for c in ("B", "M", "N", "K"))
-        if op == "linear":  # x[B*M, K] @ W[N, K]^T: one GEMM
+        if op == "linear":  # x[B*M, K] @ W[N, K]^T: one GEMM, cuBLAS `*_tn` kernels
             dims[:, :4] = np.stack([np.ones(n, np.int64), b * m, nn, k], axis=1)
-        else:
+            dims[:, L.GEMM_LAYOUT] = L.GEMM_B_T
+        else:  # torch.bmm of contiguous operands: `*_nn` kernels
             dims[:, :4] = np.stack([b, m, nn, k], axis=1)
         return np.full(n, L.MATMUL), dims
     if op == "conv":

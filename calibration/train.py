@@ -104,14 +104,35 @@ def doubled(samples: OpSamples, seed: int = 0) -> OpSamples:
     return OpSamples(samples.op, samples.family, dims, samples.gpu, samples.latency_ms)
 
 
+def gemm_probes(samples: OpSamples, seed: int = 0) -> OpSamples:
+    """Unmeasured GEMMs around the measured ones, for the doubled-work penalty
+    only: each sample with one of its dims redrawn log-uniformly below its
+    value (the data has few GEMMs with a dim under ~20, models have many), and
+    half of the `x @ W^T` ones with B untransposed (the data's row-major GEMMs
+    are all batched; an unbatched `x @ W` is what GPT-2's Conv1D runs)."""
+    rng = np.random.default_rng(seed)
+    dims = samples.dims.copy()
+    n = len(samples)
+    rows = np.arange(n)
+    col = rng.integers(0, 4, n)
+    top = np.maximum(dims[rows, col], 1).astype(np.float64)
+    dims[rows, col] = np.maximum(1, np.exp(rng.uniform(0.0, np.log(top)))).astype(np.int64)
+    flip = rng.random(n) < 0.5
+    dims[flip, L.GEMM_LAYOUT] = 0
+    return OpSamples(samples.op, samples.family, dims, samples.gpu, samples.latency_ms)
+
+
 def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarray, *,
               x_more: np.ndarray | None = None, ideal_more: np.ndarray | None = None,
+              probes: tuple | None = None,
               seed: int = 0, epochs: int = 60, hidden=HIDDEN, batch: int = 2048,
               progress=None) -> GroupModel:
     """Fit one group's network and floor by minimising squared log error.
 
     `x_more`, `ideal_more`: the same samples with twice the work (see
-    `doubled`); predictions for them must not be faster."""
+    `doubled`); predictions for them must not be faster. `probes`: (x, ideal,
+    x_more, ideal_more) of unmeasured ops, one per sample, under the same
+    doubled-work penalty (see `gemm_probes`)."""
     import torch
 
     # One thread: these networks are too small for intra-op parallelism to pay,
@@ -135,6 +156,9 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     if x_more is not None:
         xm = torch.tensor((x_more - mean) / std, dtype=torch.float32)
         im = torch.tensor(ideal_more, dtype=torch.float32)
+    if probes is not None:
+        xp, ip, xpm, ipm = (torch.tensor((v - mean) / std if v.ndim == 2 else v,
+                                         dtype=torch.float32) for v in probes)
     h1, h2 = hidden
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], h1), torch.nn.Tanh(),
                               torch.nn.Linear(h1, h2), torch.nn.Tanh(), torch.nn.Linear(h2, 1))
@@ -165,6 +189,11 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
                 more = floor + im[idx] / eta_m
                 loss = loss + MONOTONE_WEIGHT * torch.relu(
                     torch.log(pred) - torch.log(more)).mean()
+            if probes is not None:
+                small = floor + ip[idx] / (eta_max * torch.sigmoid(net(xp[idx]).squeeze(-1)))
+                big = floor + ipm[idx] / (eta_max * torch.sigmoid(net(xpm[idx]).squeeze(-1)))
+                loss = loss + MONOTONE_WEIGHT * torch.relu(
+                    torch.log(small) - torch.log(big)).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -205,6 +234,11 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
     """Fit every group present in `samples`; returns the packed weights."""
     x, ideal, group, target = features(samples)
     x_more, ideal_more, _, _ = features(doubled(samples, seed))
+    gemm = samples.family == L.MATMUL  # the rows of group G_MATMUL, in order
+    if gemm.any():
+        probe = gemm_probes(samples.subset(gemm), seed)
+        x_p, ideal_p, _, _ = features(probe)
+        x_pm, ideal_pm, _, _ = features(doubled(probe, seed + 1))
     models = {}
     for g in range(F.N_GROUPS):
         if groups is not None and g not in groups:
@@ -212,9 +246,12 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
         mask = group == g
         if mask.sum() < 50:
             continue
+        probes = None
+        if g == F.G_MATMUL:
+            probes = (x_p, ideal_p, x_pm, ideal_pm)
         models[g] = fit_group(g, x[mask], ideal[mask], target[mask], x_more=x_more[mask],
-                              ideal_more=ideal_more[mask], seed=seed + g, epochs=epochs,
-                              progress=progress)
+                              ideal_more=ideal_more[mask], probes=probes, seed=seed + g,
+                              epochs=epochs, progress=progress)
     return pack(models)
 
 

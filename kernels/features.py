@@ -72,6 +72,19 @@ def _pow2(x):
 
 
 @njit(cache=True)
+def gemm_b_transposed(d):
+    """1 when a GEMM's B operand is a transposed view (F.linear's x @ W^T: the
+    cuBLAS `*_tn` kernels), else 0 (x @ W, torch.bmm: `*_nn`). The two kernel
+    families run the same shape at different speeds (up to 2x on Pascal).
+    Only B's layout is a feature: the training data has `tn` (linear) and `nn`
+    (bmm) kernels and nothing with A transposed, so a weight gradient
+    dY^T @ X is priced by its B operand like the rest. Batched GEMMs are all
+    `nn` in the data (torch.bmm), so the flag is only set for unbatched ones
+    (see row_features)."""
+    return 1.0 if (int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T) != 0 else 0.0
+
+
+@njit(cache=True)
 def ideal_us(family, dtype_code, d, gpu, params):
     """Roofline time with perfect efficiency and no quantization (us)."""
     flops, elems = flops_and_elems(family, d)
@@ -127,6 +140,8 @@ def row_features(family, dtype_code, d, gpu, params, out):
         if family != L.MATMUL:
             out[16] = _lg(d[5])            # kernel size
             out[17] = _lg(d[10])           # stride
+        elif bt == 1:
+            out[16] = gemm_b_transposed(d)
         # Wave quantization under each candidate tile: the library picks one of
         # these, and which one leaves the GPU emptiest is what costs time.
         for t in range(len(TILES)):

@@ -726,7 +726,8 @@ def _unsupported_bwd(call: Call, needs: tuple) -> list[Call]:
 # ---- GEMMs: two matmuls (and a bias reduction) --------------------------------
 
 def _transpose(t: T) -> T:
-    return T(t.shape[:-2] + (t.shape[-1], t.shape[-2]), t.dtype)
+    """t.mT: a view, so its storage order flips (what GEMM kernels see)."""
+    return T(t.shape[:-2] + (t.shape[-1], t.shape[-2]), t.dtype, not t.transposed)
 
 
 @backward_rule(aten.mm, aten.addmm)

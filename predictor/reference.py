@@ -231,6 +231,8 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
                    _lg(2.0 * m * n * k / max(m * n + n * k + m * k, 1))]
         if family != L.MATMUL:
             x[16], x[17] = _lg(d[5]), _lg(d[10])
+        elif bt == 1:
+            x[16] = 1.0 if int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T else 0.0
         for t, (tm, tn, per) in enumerate(F.TILES):
             x[18 + t] = wave_utilisation(bt * _cdiv(m, tm) * _cdiv(n, tn), int(sms) * per)
     else:

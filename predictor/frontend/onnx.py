@@ -335,7 +335,7 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
 
 def _scale(x: Any, sentinel: int | None, batch: int) -> Any:
     if isinstance(x, T):
-        return T(tuple(_scale_dim(d, sentinel, batch) for d in x.shape), x.dtype)
+        return T(tuple(_scale_dim(d, sentinel, batch) for d in x.shape), x.dtype, x.transposed)
     if isinstance(x, bool):
         return x
     if isinstance(x, int):

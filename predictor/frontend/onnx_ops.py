@@ -300,8 +300,11 @@ def _matmul_calls(ctx: _Ctx, a: str, b: str, y: str, bias: str | None,
         # x @ W (or x @ a 2-D activation): the leading dims fold into M, as
         # aten.matmul folds them into one mm.
         m = math.prod(sa[:-1])
-        x2, w2, y2 = T((m, k), ta), T((k, n), tb), T((m, n), ta)
         tag = "linear" if ctx.is_param(b) else None
+        # A 2-D weight is an nn.Linear's, whose W^T the exporter folded into a
+        # [K, N] initializer: PyTorch runs it as x @ W^T on the stored [N, K]
+        # weight (a transposed view: the `*_tn` GEMM kernels).
+        x2, w2, y2 = T((m, k), ta), T((k, n), tb, tag == "linear"), T((m, n), ta)
         folded = len(sa) > 2  # nn.Linear on [..., K]: view, t, mm, view
         if bias is not None:
             call = Call(aten.addmm.default, (ctx.t(bias), x2, w2), out=y2, tag=tag)
@@ -358,8 +361,11 @@ def _gemm(ctx: _Ctx, node) -> list[_Fwd]:
         sa = sa[::-1]
     if _attr(node, "transB", 0):
         sb = sb[::-1]
-    ta, tb = T(tuple(sa), ctx.values[a].dtype), T(tuple(sb), ctx.values[b].dtype)
     tag = "linear" if ctx.is_param(b) else None
+    # transB: B is stored [N, K] and read transposed (nn.Linear's layout); a
+    # weight without it had its transpose folded by the exporter (see MatMul).
+    ta = T(tuple(sa), ctx.values[a].dtype, bool(_attr(node, "transA", 0)))
+    tb = T(tuple(sb), ctx.values[b].dtype, bool(_attr(node, "transB", 0)) or tag == "linear")
     if c is not None:
         call = Call(aten.addmm.default, (ctx.t(c), ta, tb), out=ctx.t(y), tag=tag)
         return [_Fwd(call, (c, a, b), (y,), host=("linear", False, True))]
