@@ -123,6 +123,7 @@ def _record_rows(call) -> list:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from predictor import families
+    from predictor.lowering import _transposed
 
     calls = []
 
@@ -137,7 +138,7 @@ def _record_rows(call) -> list:
 
     def conv(x):
         if isinstance(x, torch.Tensor):
-            return families.T(tuple(int(s) for s in x.shape), x.dtype)
+            return families.T(tuple(int(s) for s in x.shape), x.dtype, _transposed(x))
         if isinstance(x, (list, tuple)):
             return type(x)(conv(i) for i in x)
         return x

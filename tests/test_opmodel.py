@@ -164,3 +164,46 @@ def test_more_bandwidth_alone_is_never_slower(op, shapes):
     # The 80 GB A100 PCIe differs from the 40 GB one only in memory size and
     # bandwidth (and board power).
     assert predict_op(op, shapes, "A100-PCIE-80GB") <= 1.02 * predict_op(op, shapes, "A100-PCIE-40GB")
+
+
+def _gemm_features(bt, layout):
+    from predictor.engine import model_params
+    from predictor.kernels.features import N_FEATURES, row_features
+
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    d[:4] = (bt, 512, 768, 1024)
+    d[L.GEMM_LAYOUT] = layout
+    out = np.zeros(N_FEATURES)
+    row_features(L.MATMUL, L.F32, d, hardware.get("T4").features, model_params(), out)
+    return out
+
+
+def test_gemm_layout_is_a_feature_only_where_the_data_has_both():
+    # Unbatched: x @ W^T (linear's tn kernels) and x @ W (nn) differ in one feature.
+    tn, nn = _gemm_features(1, L.GEMM_B_T), _gemm_features(1, 0)
+    assert np.flatnonzero(tn != nn).tolist() == [16] and tn[16] == 1.0 and nn[16] == 0.0
+    # A_T alone (a weight gradient) has no data of its own: priced by B's layout.
+    assert np.array_equal(_gemm_features(1, L.GEMM_A_T), nn)
+    # Batched GEMMs are all nn in the data: the flag stays off.
+    assert np.array_equal(_gemm_features(8, L.GEMM_B_T), _gemm_features(8, 0))
+
+
+def test_training_rows_carry_the_measured_kernels_layout():
+    import pandas as pd
+
+    from predictor.calibration import datasets as D
+
+    df = pd.DataFrame({"B": [2], "M": [64], "N": [128], "K": [256]})
+    fam, dims = D._rows("linear", df)
+    assert fam[0] == L.MATMUL and dims[0, L.GEMM_LAYOUT] == L.GEMM_B_T
+    assert dims[0, :4].tolist() == [1, 128, 128, 256]
+    _, dims = D._rows("bmm", df)
+    assert dims[0, L.GEMM_LAYOUT] == 0 and dims[0, :4].tolist() == [2, 64, 128, 256]
+
+
+@needs_weights
+def test_linear_and_row_major_matmul_are_priced_apart():
+    x, w = (4096, 1280), (3840, 1280)
+    tn = predict_op("linear", [x, w], "P100-PCIE-16GB")
+    nn = predict_op("matmul", [x, (1280, 3840)], "P100-PCIE-16GB")
+    assert tn != nn and 0.25 < tn / nn < 4
