@@ -95,8 +95,10 @@ def is_gemm(family):
 
 @njit(cache=True)
 def wave_utilisation(blocks, slots):
-    """Fraction of `slots` busy averaged over ceil(blocks / slots) waves."""
-    if slots <= 0:
+    """Fraction of `slots` busy averaged over ceil(blocks / slots) waves (1 when
+    there is nothing to schedule: an empty GEMM, e.g. a grouped conv row whose
+    channels per group round down to 0, would otherwise divide 0 by 0)."""
+    if slots <= 0 or blocks <= 0:
         return 1.0
     waves = (blocks + slots - 1) // slots
     return blocks / (waves * slots)

@@ -134,7 +134,7 @@ def peak_flops(gpu: Sequence[float], family: int, dtype_code: int, params) -> fl
 
 
 def wave_utilisation(blocks: int, slots: int) -> float:
-    if slots <= 0:
+    if slots <= 0 or blocks <= 0:
         return 1.0
     waves = _cdiv(blocks, slots)
     return blocks / (waves * slots)

@@ -198,9 +198,7 @@ def test_calibrated_grid_matches_reference(rows, batches, data):
     np.testing.assert_allclose(per_op, want, rtol=RTOL, atol=1e-300)
 
 
-# Derandomized: a random draw once hit a ZeroDivisionError inside evaluate_grid
-# that is not yet understood; a fixed draw keeps CI deterministic meanwhile.
-@settings(max_examples=4, deadline=None, derandomize=True,
+@settings(max_examples=4, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(rows=st.lists(_row(), min_size=80, max_size=90), weights=st.sampled_from(sorted(WEIGHTS)))
 def test_parallel_grid_matches_reference(rows, weights):
@@ -424,3 +422,14 @@ def test_sweep_command_errors(saved_graph, args, needle, capsys):
 def test_sweep_command_missing_graph_file(tmp_path, capsys):
     assert cli.main(["sweep", str(tmp_path / "nope.npz")]) == 2
     assert "no saved graph" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", [L.CONV, L.CONV_DGRAD, L.CONV_WGRAD])
+def test_conv_with_fewer_channels_than_groups_is_finite(family):
+    """Channels per group that round down to 0 give a GEMM with no output tile;
+    its wave quantization once divided 0 by 0 inside the learned features."""
+    row = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    row[:11] = [8, 3, 32, 32, 64, 3, 3, 32, 32, 32, 1]  # 3 channels, 32 groups
+    graph = _graph(_table([(family, 0, L.F32, 1, 1, row, np.zeros(L.MAX_DIMS, dtype=np.int64))]))
+    for name in ("analytical", "learned"):
+        _check(graph, ALL_GPUS, [1, 8, 64], mlp=WEIGHTS[name])
