@@ -215,12 +215,15 @@ def plot(points: dict, path: Path) -> None:
 
     keys = [k for k in points if k[0] == "logo"] + [("test", "all")]
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.4), sharey=True)
+    colours = {fam: f"C{i}" for i, fam in enumerate(FAMILIES)}  # one colour per family
+    handles = {}
     for ax, key in zip(np.atleast_1d(axes), keys):
         meas, pred, fams = points[key]
         for fam in FAMILIES:
             m = fams == fam
             if m.any():
-                ax.scatter(meas[m], pred[m], s=3, alpha=0.4, label=fam)
+                handles[fam] = ax.scatter(meas[m], pred[m], s=3, alpha=0.4, label=fam,
+                                          color=colours[fam])
         lo, hi = 1e-2, 1e4
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
         ax.set_xscale("log")
@@ -230,7 +233,9 @@ def plot(points: dict, path: Path) -> None:
         ax.set_title("held out: " + key[1] if key[0] == "logo" else "test split", fontsize=9)
         ax.set_xlabel("measured ms")
     np.atleast_1d(axes)[0].set_ylabel("predicted ms")
-    np.atleast_1d(axes)[-1].legend(fontsize=7, markerscale=3)
+    np.atleast_1d(axes)[-1].legend([handles[f] for f in FAMILIES if f in handles],
+                                   [f for f in FAMILIES if f in handles], fontsize=7,
+                                   markerscale=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
