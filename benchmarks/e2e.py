@@ -323,9 +323,13 @@ class Result:
 
 
 def evaluate(data: Path, labels: list[Label], *, cache_dir=None, refresh=False,
-             log=print) -> list[Result]:
+             log=print, weights_for=None) -> list[Result]:
+    """Predict every label. `weights_for(gpu_id)`: the op-model weights to use
+    for that GPU (default: the shipped ones)."""
+    import contextlib
+
     from predictor import hardware
-    from predictor.engine import predict
+    from predictor.engine import predict, using_weights
 
     results = []
     graphs: dict[tuple, tuple] = {}
@@ -337,7 +341,8 @@ def evaluate(data: Path, labels: list[Label], *, cache_dir=None, refresh=False,
             log(f"  {'cached' if hit else 'traced'} {lab.key:28s} {secs:6.1f} s")
         g, hit, secs = graphs[k]
         gpu = hardware.get(lab.gpu_name)
-        p = predict(g, gpu.id, batch_size=lab.batch)
+        with (using_weights(weights_for(gpu.id)) if weights_for else contextlib.nullcontext()):
+            p = predict(g, gpu.id, batch_size=lab.batch)
         results.append(Result(lab, gpu.id, p.forward_ms, p.backward_ms, p.overhead_ms, secs, hit, p))
     return results
 
@@ -811,6 +816,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh", action="store_true", help="trace again, ignoring cached graphs")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when the accuracy targets are missed")
+    ap.add_argument("--logo", action="store_true",
+                    help="leave-one-GPU-out: predict each GPU's labels with op models trained "
+                    "without that GPU (nor another board of the same chip); trains one set "
+                    "per GPU, ~2 min each")
     args = ap.parse_args(argv)
     log = functools.partial(print, file=sys.stderr, flush=True)
     if args.sanity:
@@ -829,7 +838,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     log(f"{len(labels)} labels")
-    results = evaluate(args.data, labels, cache_dir=args.cache_dir, refresh=args.refresh, log=log)
+    weights_for = logo_weights(args.data, labels, log) if args.logo else None
+    results = evaluate(args.data, labels, cache_dir=args.cache_dir, refresh=args.refresh, log=log,
+                       weights_for=weights_for)
     df = results_frame(results)
     summary = summary_frame(df)
     print_table(df)
@@ -848,6 +859,33 @@ def main(argv: list[str] | None = None) -> int:
         plot(df, args.plot)
     log(f"done in {time.perf_counter() - start:.1f} s")
     return 1 if args.check and not targets_met(summary) else 0
+
+
+def logo_weights(data: Path, labels: list[Label], log=print):
+    """Op-model weights per label GPU, each trained (seed 0, the shipped
+    recipe) on the per-kernel files of the other GPUs. Boards of the same chip
+    (same architecture and SM count: A100-PCIE-40GB and -80GB) leave together."""
+    from predictor import hardware
+    from predictor.calibration import datasets as D
+    from predictor.calibration import train as T
+    from predictor.kernels import layout as L
+
+    samples = D.load_train(data)
+    trained = sorted(set(samples.gpu))
+
+    def chip(gpu_id):
+        g = hardware.get(gpu_id)
+        return g.spec.get("architecture"), g.features[L.G_SMS]
+
+    out = {}
+    for gpu_id in sorted({hardware.get(lab.gpu_name).id for lab in labels}):
+        keep = [g for g in trained if chip(g) != chip(gpu_id)]
+        t0 = time.perf_counter()
+        out[gpu_id] = T.train(samples.subset(np.isin(samples.gpu, keep)), seed=0, epochs=60,
+                              groups=T.SHIPPED_GROUPS)
+        log(f"  op models without {gpu_id} (trained on {', '.join(keep)}): "
+            f"{time.perf_counter() - t0:.0f} s")
+    return out.__getitem__
 
 
 def targets_met(summary) -> bool:

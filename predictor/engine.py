@@ -6,6 +6,7 @@ numbers. The per-op breakdown re-evaluates the same kernel row by row.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -32,11 +33,28 @@ _DTYPE_ALIASES = {
 _NO_CALIBRATION = (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(L.N_GPU_FEATURES))
 
 
+_WEIGHTS_OVERRIDE: list[np.ndarray] = []
+
+
 def _mlp() -> np.ndarray:
-    """The shipped learned per-op weights (empty: analytical model only)."""
+    """The learned per-op weights in use: the shipped ones (empty: analytical
+    model only) unless a validation harness swapped others in."""
+    if _WEIGHTS_OVERRIDE:
+        return _WEIGHTS_OVERRIDE[-1]
     from predictor import opmodel
 
     return opmodel.weights()
+
+
+@contextlib.contextmanager
+def using_weights(mlp: np.ndarray):
+    """Predict with other op-model weights inside the block (e.g. models
+    trained without the GPU being evaluated: leave-one-GPU-out)."""
+    _WEIGHTS_OVERRIDE.append(np.ascontiguousarray(mlp, dtype=np.float64))
+    try:
+        yield
+    finally:
+        _WEIGHTS_OVERRIDE.pop()
 
 
 def predicted_basis(ops) -> np.ndarray:

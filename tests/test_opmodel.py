@@ -207,3 +207,21 @@ def test_linear_and_row_major_matmul_are_priced_apart():
     tn = predict_op("linear", [x, w], "P100-PCIE-16GB")
     nn = predict_op("matmul", [x, (1280, 3840)], "P100-PCIE-16GB")
     assert tn != nn and 0.25 < tn / nn < 4
+
+
+def test_using_weights_swaps_the_op_models_inside_the_block_only():
+    from predictor import engine
+    from predictor.optable import Graph, OpTable
+
+    ops = _rows(L.MATMUL, [1, 4096, 4096, 4096])
+
+    z = np.zeros(1, dtype=np.int64)
+    table = OpTable(ops[0], z, z, np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64),
+                    ops[1], np.zeros_like(ops[1]), z, ["aten.mm"])
+    g = Graph(name="mm", ops=table, batch_size=1)
+    before = engine.predict(g, "T4").iteration_ms
+    with engine.using_weights(np.zeros(0)):  # no learned models: the analytical roofline
+        analytical = engine.predict(g, "T4").iteration_ms
+    assert engine.predict(g, "T4").iteration_ms == before
+    if opmodel.weights().size:
+        assert analytical != before
