@@ -22,7 +22,8 @@ import numpy as np
 from numba import njit
 
 from predictor.kernels import layout as L
-from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes, thread_blocks
+from predictor.kernels.work import (flops_and_elems, gemm_shape, lstm_tile_padding,
+                                   row_elem_bytes, thread_blocks)
 
 # Smallest slice of the reduction dim one split-K block takes.
 SPLIT_K_MIN = 256
@@ -127,6 +128,8 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
         blocks *= max(min(slots // blocks, k // SPLIT_K_MIN), 1)
     util = wave_utilisation(blocks, slots)
     util_m = min(1.0, blocks / max(params[P_MEM_SATURATION] * slots, 1.0))
+    if family == L.LSTM or family == L.LSTM_BWD:
+        flops *= lstm_tile_padding(d)  # so that its time never drops as the batch grows
     t_c = 0.0
     if flops > 0.0:
         t_c = flops / (peak_flops(gpu, family, dtype_code, params)

@@ -102,6 +102,17 @@ def thread_blocks(family, d):
 
 
 @njit(cache=True)
+def lstm_tile_padding(d):
+    """Work done over work asked for a recurrent layer's gate GEMMs: they run
+    in tiles of 32 batch rows x 128 gate columns (see thread_blocks), and a
+    partly filled tile costs a full one, so batch 33 is not 3 % more than 32
+    but a second tile."""
+    b = max(d[1], 1)
+    g = max(4 * d[3], 1)
+    return (_cdiv(b, 32) * 32.0 / b) * (_cdiv(g, 128) * 128.0 / g)
+
+
+@njit(cache=True)
 def row_elem_bytes(dtype_code):
     """Bytes per element of a dtype code."""
     if dtype_code == L.F16 or dtype_code == L.BF16:

@@ -158,6 +158,9 @@ def analytical_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[i
         blocks *= max(min(slots // blocks, k // R.SPLIT_K_MIN), 1)
     util = wave_utilisation(blocks, slots)
     util_m = min(1.0, blocks / max(params[R.P_MEM_SATURATION] * slots, 1.0))
+    if family in (L.LSTM, L.LSTM_BWD):  # partly filled 32 x 128 gate tiles cost full ones
+        b, g = max(d[1], 1), max(4 * d[3], 1)
+        flops *= (_cdiv(b, 32) * 32.0 / b) * (_cdiv(g, 128) * 128.0 / g)
     t_c = 0.0
     if flops > 0.0:
         t_c = flops / (peak_flops(gpu, family, dtype_code, params)

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import predictor
-from predictor import hardware
+from predictor import hardware, opmodel
 from predictor.errors import PredictorError
 from predictor.kernels import layout as L
 from predictor.optable import Graph, OpTable
@@ -170,22 +170,39 @@ def _one_row_graph(fam: int) -> Graph:
     return Graph("one-row", ops, batch_size=1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the per-op model is not monotone in the batch size: the analytical LSTM time halves "
-    "from batch 32 to 33 on V100-PCIE-16GB (its thread blocks double, so its wave "
-    "utilisation doubles, while the work grows 3 %), the learned conv model drops 5 % from "
-    "batch 9 to 10 on RTX-4090, conv_wgrad 4 % on B200 (kernels/roofline.py counts actual, "
-    "not tile-padded, work per wave); remove this mark when they are fixed"))
-def test_every_family_is_monotone_in_batch_on_every_gpu():
+def _batch_drops(families) -> list[str]:
+    """Where a one-row graph of each family gets faster as the batch grows by one."""
     batches = list(range(1, 2049))
     drops = []
-    for fam in range(L.N_FAMILIES):
+    for fam in families:
         t = predictor.sweep(_one_row_graph(fam), "all", batches).phase_ms.sum(axis=-1)
         step = t[:, 1:] / t[:, :-1] - 1
         if step.min() < -1e-9:
             g, b = np.unravel_index(np.argmin(step), step.shape)
             drops.append(f"{L.FAMILY_NAMES[fam]}: {step[g, b]:.1%} at batch {batches[b]} -> "
                          f"{batches[b + 1]} on {GPU_IDS[g]}")
+    return drops
+
+
+def _learned(fam: int) -> bool:
+    from predictor.kernels.optime import is_learned
+
+    return bool(is_learned(fam, opmodel.weights()))
+
+
+def test_analytical_families_are_monotone_in_batch_on_every_gpu():
+    """Wave quantization must not make a bigger batch faster: partly filled
+    tiles cost full ones (an LSTM at batch 33 once took half the time of 32)."""
+    drops = _batch_drops([f for f in range(L.N_FAMILIES) if not _learned(f)])
+    assert not drops, "; ".join(drops)
+
+
+@pytest.mark.xfail(opmodel.weights().size > 0, strict=True, reason=(
+    "the learned models are monotone in work only up to their training penalty: "
+    "conv drops 5 % from batch 9 to 10 on RTX-4090, conv_wgrad 4 % on B200, matmul 2 % "
+    "from 28 to 29 on L4; remove this mark when they are exactly monotone"))
+def test_learned_families_are_monotone_in_batch_on_every_gpu():
+    drops = _batch_drops([f for f in range(L.N_FAMILIES) if _learned(f)])
     assert not drops, "; ".join(drops)
 
 
