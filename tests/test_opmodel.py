@@ -225,3 +225,13 @@ def test_using_weights_swaps_the_op_models_inside_the_block_only():
     assert engine.predict(g, "T4").iteration_ms == before
     if opmodel.weights().size:
         assert analytical != before
+
+
+def test_using_weights_refuses_what_is_not_a_weight_array():
+    from predictor import engine
+
+    for bad in (np.ones((2, 3)), np.array([np.nan] * 50), np.array([3.0] + [0.0] * 40)):
+        with pytest.raises(predictor.InvalidArgumentError):
+            with engine.using_weights(bad):
+                pass
+    assert not engine._WEIGHTS_OVERRIDE
