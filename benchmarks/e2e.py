@@ -816,13 +816,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh", action="store_true", help="trace again, ignoring cached graphs")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when the accuracy targets are missed")
-    ap.add_argument("--weights", type=Path, metavar="FILE",
-                    help="op-model weights to predict with (an opmodels.npz written by "
-                    "`predictor train-models --out`; default: the shipped ones)")
-    ap.add_argument("--logo", action="store_true",
-                    help="leave-one-GPU-out: predict each GPU's labels with op models trained "
-                    "without that GPU (nor another board of the same chip); trains one set "
-                    "per GPU, ~2 min each")
+    models = ap.add_mutually_exclusive_group()
+    models.add_argument("--weights", type=Path, metavar="FILE",
+                        help="op-model weights to predict with (an opmodels.npz written by "
+                        "`predictor train-models --out`; default: the shipped ones)")
+    models.add_argument("--logo", action="store_true",
+                        help="leave-one-GPU-out: predict each GPU's labels with op models "
+                        "trained without that GPU (nor another board of the same chip); trains "
+                        "one set per GPU, ~2 min each")
     args = ap.parse_args(argv)
     log = functools.partial(print, file=sys.stderr, flush=True)
     if args.sanity:
@@ -842,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     log(f"{len(labels)} labels")
     weights_for = logo_weights(args.data, labels, log) if args.logo else None
-    if args.weights is not None and weights_for is None:
+    if args.weights is not None:
         from predictor.opmodel import read_weights
 
         mlp, _ = read_weights(args.weights)

@@ -20,7 +20,7 @@ array and the numba forward pass in ``predictor.kernels.mlp``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +101,7 @@ def doubled(samples: OpSamples, seed: int = 0) -> OpSamples:
     dims[rows[conv], conv_cols[conv]] *= 2
     for c in (L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS, L.MEM_OUTER):
         dims[mem, c] *= 2
-    return OpSamples(samples.op, samples.family, dims, samples.gpu, samples.latency_ms)
+    return replace(samples, dims=dims)
 
 
 def gemm_probes(samples: OpSamples, seed: int = 0) -> OpSamples:
@@ -119,7 +119,7 @@ def gemm_probes(samples: OpSamples, seed: int = 0) -> OpSamples:
     dims[rows, col] = np.maximum(1, np.exp(rng.uniform(0.0, np.log(top)))).astype(np.int64)
     flip = rng.random(n) < 0.5
     dims[flip, L.GEMM_LAYOUT] = 0
-    return OpSamples(samples.op, samples.family, dims, samples.gpu, samples.latency_ms)
+    return replace(samples, dims=dims)
 
 
 def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarray, *,
@@ -168,32 +168,33 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     n = len(xt)
     steps = max(1, epochs * ((n + batch - 1) // batch))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
+
+    def predicted(xs, ideal_s, floor):
+        """The model's time (us) of ops with normalised features `xs`."""
+        return floor + ideal_s / (eta_max * torch.sigmoid(net(xs).squeeze(-1)))
+
+    def not_above(t, limit):
+        """Penalty on `t` exceeding `limit` (the monotonicity constraints)."""
+        return MONOTONE_WEIGHT * torch.relu(torch.log(t) - torch.log(limit)).mean()
+
     step = 0
     for _ in range(epochs):
         order = torch.tensor(rng.permutation(n))
         for s in range(0, n, batch):
             idx = order[s:s + batch]
-            eta = eta_max * torch.sigmoid(net(xt[idx]).squeeze(-1))
             floor = torch.nn.functional.softplus(floor_raw)
-            pred = floor + it[idx] / eta
+            pred = predicted(xt[idx], it[idx], floor)
             loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
             # The same op on a better GPU must not be predicted slower.
             for x_better, sc, sm in better:
-                eta2 = eta_max * torch.sigmoid(net(x_better[idx]).squeeze(-1))
                 ideal2 = torch.maximum(t_c[idx] * sc, t_m[idx] * sm)
-                faster = floor + ideal2 / eta2
-                loss = loss + MONOTONE_WEIGHT * torch.relu(
-                    torch.log(faster) - torch.log(pred)).mean()
+                loss = loss + not_above(predicted(x_better[idx], ideal2, floor), pred)
+            # Twice the work must not be predicted faster.
             if x_more is not None:
-                eta_m = eta_max * torch.sigmoid(net(xm[idx]).squeeze(-1))
-                more = floor + im[idx] / eta_m
-                loss = loss + MONOTONE_WEIGHT * torch.relu(
-                    torch.log(pred) - torch.log(more)).mean()
+                loss = loss + not_above(pred, predicted(xm[idx], im[idx], floor))
             if probes is not None:
-                small = floor + ip[idx] / (eta_max * torch.sigmoid(net(xp[idx]).squeeze(-1)))
-                big = floor + ipm[idx] / (eta_max * torch.sigmoid(net(xpm[idx]).squeeze(-1)))
-                loss = loss + MONOTONE_WEIGHT * torch.relu(
-                    torch.log(small) - torch.log(big)).mean()
+                loss = loss + not_above(predicted(xp[idx], ip[idx], floor),
+                                        predicted(xpm[idx], ipm[idx], floor))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -234,11 +235,6 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
     """Fit every group present in `samples`; returns the packed weights."""
     x, ideal, group, target = features(samples)
     x_more, ideal_more, _, _ = features(doubled(samples, seed))
-    gemm = samples.family == L.MATMUL  # the rows of group G_MATMUL, in order
-    if gemm.any():
-        probe = gemm_probes(samples.subset(gemm), seed)
-        x_p, ideal_p, _, _ = features(probe)
-        x_pm, ideal_pm, _, _ = features(doubled(probe, seed + 1))
     models = {}
     for g in range(F.N_GROUPS):
         if groups is not None and g not in groups:
@@ -247,7 +243,10 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
         if mask.sum() < 50:
             continue
         probes = None
-        if g == F.G_MATMUL:
+        if g == F.G_MATMUL:  # its rows are the MATMUL family's, in order
+            probe = gemm_probes(samples.subset(mask), seed)
+            x_p, ideal_p, _, _ = features(probe)
+            x_pm, ideal_pm, _, _ = features(doubled(probe, seed + 1))
             probes = (x_p, ideal_p, x_pm, ideal_pm)
         models[g] = fit_group(g, x[mask], ideal[mask], target[mask], x_more=x_more[mask],
                               ideal_more=ideal_more[mask], probes=probes, seed=seed + g,

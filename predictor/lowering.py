@@ -64,7 +64,7 @@ class _Scaler:
 
     def convert(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return T(tuple(self.dim(int(d)) for d in x.shape), x.dtype, _transposed(x))
+            return T(tuple(self.dim(int(d)) for d in x.shape), x.dtype, is_transposed_view(x))
         if isinstance(x, bool):
             return x
         if isinstance(x, int):
@@ -79,7 +79,7 @@ class _Scaler:
         return x
 
 
-def _transposed(x: torch.Tensor) -> bool:
+def is_transposed_view(x: torch.Tensor) -> bool:
     """Last two dims stored column-major (a transposed view): the layout a GEMM
     library sees. Size-1 dims carry no layout."""
     if x.dim() < 2 or int(x.shape[-1]) == 1 or int(x.shape[-2]) == 1:
@@ -95,7 +95,7 @@ def _key(x: Any) -> Any:
     if isinstance(x, torch.fx.Node):
         return _key(x.meta.get("val"))
     if isinstance(x, torch.Tensor):
-        return ("T", tuple(int(d) for d in x.shape), x.dtype, _transposed(x))
+        return ("T", tuple(int(d) for d in x.shape), x.dtype, is_transposed_view(x))
     if isinstance(x, (list, tuple)):
         return tuple(_key(i) for i in x)
     if isinstance(x, dict):

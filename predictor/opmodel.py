@@ -123,7 +123,7 @@ def _record_rows(call) -> list:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from predictor import families
-    from predictor.lowering import _transposed
+    from predictor.lowering import is_transposed_view
 
     calls = []
 
@@ -138,7 +138,7 @@ def _record_rows(call) -> list:
 
     def conv(x):
         if isinstance(x, torch.Tensor):
-            return families.T(tuple(int(s) for s in x.shape), x.dtype, _transposed(x))
+            return families.T(tuple(int(s) for s in x.shape), x.dtype, is_transposed_view(x))
         if isinstance(x, (list, tuple)):
             return type(x)(conv(i) for i in x)
         return x

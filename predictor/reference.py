@@ -96,7 +96,7 @@ def thread_blocks(family: int, d: Sequence[int]) -> tuple[int, int, int]:
     if family in (L.ATTENTION, L.ATTENTION_BWD):
         return max(d[0] * d[1] * _cdiv(d[2], W.ATTN_TILE), 1), 1, 128
     if family in (L.LSTM, L.LSTM_BWD):
-        return max(_cdiv(d[1], 32) * _cdiv(4 * d[3], 128), 1), 1, 256
+        return max(_cdiv(d[1], W.LSTM_TILE_B) * _cdiv(4 * d[3], W.LSTM_TILE_G), 1), 1, 256
     if family in (L.SOFTMAX, L.SOFTMAX_BWD, L.LAYER_NORM, L.LAYER_NORM_BWD):
         return max(d[L.MEM_OUTER], 1), 8, 128
     written = max(d[L.MEM_WRITTEN], d[L.MEM_READ] // 2, 1)
@@ -158,9 +158,10 @@ def analytical_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[i
         blocks *= max(min(slots // blocks, k // R.SPLIT_K_MIN), 1)
     util = wave_utilisation(blocks, slots)
     util_m = min(1.0, blocks / max(params[R.P_MEM_SATURATION] * slots, 1.0))
-    if family in (L.LSTM, L.LSTM_BWD):  # partly filled 32 x 128 gate tiles cost full ones
+    if family in (L.LSTM, L.LSTM_BWD):  # partly filled gate tiles cost full ones
         b, g = max(d[1], 1), max(4 * d[3], 1)
-        flops *= (_cdiv(b, 32) * 32.0 / b) * (_cdiv(g, 128) * 128.0 / g)
+        flops *= (_cdiv(b, W.LSTM_TILE_B) * W.LSTM_TILE_B / b) \
+            * (_cdiv(g, W.LSTM_TILE_G) * W.LSTM_TILE_G / g)
     t_c = 0.0
     if flops > 0.0:
         t_c = flops / (peak_flops(gpu, family, dtype_code, params)

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from benchmarks.fuzz_loaders import time_limit  # fail, not hang, when a call never returns
 import predictor
 from predictor import hardware, opmodel
 from predictor.errors import PredictorError
@@ -47,21 +47,6 @@ PROPERTY = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@contextlib.contextmanager
-def no_hang(seconds: float = 60):
-    """Fail (instead of hanging the suite) when the block takes too long."""
-    def boom(signum, frame):
-        raise TimeoutError(f"no answer within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def assert_clear_error(exc: BaseException, path) -> None:
     msg = str(exc)
     assert isinstance(exc, PredictorError), f"{type(exc).__name__}: {msg}"
@@ -71,7 +56,7 @@ def assert_clear_error(exc: BaseException, path) -> None:
 
 def refused(loader, path, **kw) -> str:
     """`loader(path)` must raise a clear PredictorError naming `path`, quickly."""
-    with no_hang(), pytest.raises(PredictorError) as info:
+    with time_limit(60), pytest.raises(PredictorError) as info:
         loader(path, **kw)
     assert_clear_error(info.value, path)
     return str(info.value)
@@ -359,7 +344,7 @@ def test_onnx_control_flow_is_listed_not_fatal(tmp_path):
     nodes = [helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body)]
     path = _onnx_file(tmp_path, nodes, [_vi("x", ["b", 4]), _vi("c", [], TensorProto.BOOL)],
                       [_vi("y", ["b", 4])])
-    with no_hang():
+    with time_limit(60):
         g = trace(path, mode="inference")
     assert any(k.startswith("If") for k in g.unsupported)
 
@@ -527,7 +512,7 @@ def test_fuzz_regressions(path, tmp_path):
     target = tmp_path / ("case" + "".join(path.suffixes))  # the message must name this file
     target.write_bytes(path.read_bytes())
     use = USE[path.name.split("-")[0]]
-    with no_hang():
+    with time_limit(60):
         try:
             for ms in use(target):
                 assert math.isfinite(ms) and ms > 0
@@ -662,7 +647,7 @@ def test_help_on_every_subcommand_and_version():
 def _one_line_error(argv, capsys) -> str:
     from predictor.cli import main
 
-    with no_hang(300):
+    with time_limit(300):
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse errors exit directly
