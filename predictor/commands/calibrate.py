@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from predictor.commands.common import console, load_specs, positive_int
+from predictor.commands.common import (add_spec_argument, add_step_arguments, console, load_specs,
+                                       positive_int)
 
 NAME = "calibrate"
 
@@ -40,10 +41,7 @@ def add_parser(sub) -> None:
                    help="batch size to trace and calibrate at (default: the model's)")
     p.add_argument("--calibrate-at", type=_batch_list, metavar="LIST",
                    help="batch sizes to measure, comma-separated (default: B/4, B and 2B)")
-    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
-                   help="optimizer step to include (default: adam)")
-    p.add_argument("--inference", action="store_true", help="calibrate a no-grad forward pass")
+    add_step_arguments(p, "calibrate a no-grad forward pass")
     p.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
     p.add_argument("--repeats", type=positive_int,
@@ -59,8 +57,7 @@ def add_parser(sub) -> None:
                         "with --threads 1)")
     p.add_argument("--spec-id", metavar="ID",
                    help="the GPU's id in the spec database when its name is not recognised")
-    p.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="extra GPU spec file (TOML, same layout as the built-in one)")
+    add_spec_argument(p)
     p.add_argument("--json", action="store_true", help="print the calibration summary as JSON")
 
 

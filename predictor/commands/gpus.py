@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from predictor.commands.common import console, fmt, load_specs
+from predictor.commands.common import (add_format_arguments, add_spec_argument, console, fmt,
+                                       load_specs)
 
 NAME = "gpus"
 
@@ -12,11 +13,8 @@ NAME = "gpus"
 def add_parser(sub) -> None:
     g = sub.add_parser(NAME, help="list the GPUs in the spec database",
                        description="List known GPUs with their main specs.")
-    g.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="extra GPU spec file to include")
-    out = g.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print JSON")
-    out.add_argument("--csv", action="store_true", help="print CSV")
+    add_spec_argument(g)
+    add_format_arguments(g, json_help="print JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,9 @@ import argparse
 import json
 
 from predictor.commands.calibrate import add_calibration_argument, load_for, target_gpus
-from predictor.commands.common import console, load_specs, positive_int
+from predictor.commands.common import (add_format_arguments, add_precision_arguments,
+                                       add_spec_argument, add_step_arguments, console, load_specs,
+                                       positive_int)
 
 NAME = "predict"
 
@@ -24,22 +26,13 @@ def add_parser(sub) -> None:
     p.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the model's)")
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
-    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
-                   help="optimizer step to include (default: adam)")
-    p.add_argument("--inference", action="store_true", help="predict a no-grad forward pass only")
-    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
-                   help="run every floating-point op in this dtype (default: as traced)")
-    p.add_argument("--tf32", action="store_true",
-                   help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
-    p.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="extra GPU spec file (TOML, same layout as the built-in one)")
+    add_step_arguments(p, "predict a no-grad forward pass only")
+    add_precision_arguments(p)
+    add_spec_argument(p)
     add_calibration_argument(p)
     p.add_argument("--breakdown", type=positive_int, nargs="?", const=10, metavar="N",
                    help="also show the N slowest ops on the fastest GPU (default 10)")
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print a JSON object")
-    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    add_format_arguments(p)
 
 
 def trace_from_args(args: argparse.Namespace):

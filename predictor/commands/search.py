@@ -9,34 +9,30 @@ import json
 import math
 from pathlib import Path
 
-from predictor.commands.common import console, load_specs, positive_int
+from predictor.commands.common import (add_format_arguments, add_precision_arguments,
+                                       add_spec_argument, add_step_arguments, console, load_specs,
+                                       positive_int)
 
 NAME = "search"
 
 
-def _price(text: str):
-    """--price GPU=USD, or --price FILE (TOML or JSON)."""
-    return text
+def _float_in(text: str, ok, expected: str) -> float:
+    """An argparse type: a float for which ok(value) holds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+    return value
 
 
 def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return value
+    return _float_in(text, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
+    return _float_in(text, lambda v: v > 0 and math.isfinite(v), "a positive number")
 
 
 def add_parser(sub) -> None:
@@ -68,7 +64,7 @@ def add_parser(sub) -> None:
     run.add_argument("--epochs", type=_positive_float, metavar="E", help="epochs (default 1)")
     run.add_argument("--iterations", type=positive_int, metavar="N",
                      help="a fixed number of iterations instead of samples x epochs")
-    p.add_argument("--price", action="append", default=[], type=_price, metavar="GPU=USD|FILE",
+    p.add_argument("--price", action="append", default=[], metavar="GPU=USD|FILE",
                    help="override a GPU's price in USD per GPU-hour (repeatable), or read "
                         "prices from a TOML/JSON file of GPU = USD")
     p.add_argument("--gpus-per-node", type=positive_int, default=1, metavar="N",
@@ -86,20 +82,10 @@ def add_parser(sub) -> None:
                    help="also print configurations that do not fit or miss a constraint")
     p.add_argument("--report", metavar="DIR",
                    help="write DIR/report.html (plots, self-contained) and DIR/search.json")
-    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
-                   help="optimizer step to include (default: adam)")
-    p.add_argument("--inference", action="store_true",
-                   help="rank a no-grad forward pass instead of a training step")
-    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
-                   help="run every floating-point op in this dtype (default: as traced)")
-    p.add_argument("--tf32", action="store_true",
-                   help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
-    p.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="extra GPU spec file (TOML, same layout as the built-in one)")
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print a JSON object")
-    fmt.add_argument("--csv", action="store_true", help="print every configuration as CSV")
+    add_step_arguments(p, "rank a no-grad forward pass instead of a training step")
+    add_precision_arguments(p)
+    add_spec_argument(p)
+    add_format_arguments(p, csv_help="print every configuration as CSV")
 
 
 def _prices(items: list[str]) -> dict[str, float]:

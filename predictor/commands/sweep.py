@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from predictor.commands.calibrate import add_calibration_argument, load_for, target_gpus
-from predictor.commands.common import console, load_specs, positive_int
+from predictor.commands.common import (add_precision_arguments, add_spec_argument,
+                                       add_step_arguments, console, load_specs)
 
 NAME = "sweep"
 
@@ -73,16 +74,9 @@ def add_parser(sub) -> None:
                         f"(default {DEFAULT_BATCHES}: 1,2,4,...,1024)")
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
-    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
-                   help="optimizer step to include (default: adam)")
-    p.add_argument("--inference", action="store_true", help="predict a no-grad forward pass only")
-    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
-                   help="run every floating-point op in this dtype (default: as traced)")
-    p.add_argument("--tf32", action="store_true",
-                   help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
-    p.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="extra GPU spec file (TOML, same layout as the built-in one)")
+    add_step_arguments(p, "predict a no-grad forward pass only")
+    add_precision_arguments(p)
+    add_spec_argument(p)
     add_calibration_argument(p)
     p.add_argument("--plot", metavar="FILE", help="write a plot (.png, .svg or .pdf)")
     p.add_argument("--csv", metavar="FILE", help="write every (GPU, batch size) as CSV")
