@@ -148,7 +148,9 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     it = torch.tensor(ideal, dtype=torch.float32)
     yt = torch.tensor(np.log(target_us), dtype=torch.float32)
     # Feature-space steps of "this GPU, better" (see features.improvement_directions).
-    better = [(torch.tensor((F.shift_features(x, v) - mean) / std, dtype=torch.float32), sc, sm)
+    # (Extra columns past N_FEATURES, candidates in benchmarks.feature_selection, stay put.)
+    better = [(torch.tensor((F.shift_features(x, np.pad(v, (0, x.shape[1] - len(v)))) - mean)
+                            / std, dtype=torch.float32), sc, sm)
               for v, sc, sm in F.improvement_directions()]
     # The compute and memory parts of the ideal time, recovered from features 0 and 1.
     t_c = torch.tensor(np.exp2(x[:, 0]), dtype=torch.float32)

@@ -227,25 +227,25 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     x[3] = _lg(blocks / sms)
     x[4] = wave_utilisation(blocks, slots)
     x[5] = _lg(_cdiv(blocks, slots))
-    x[6] = _lg(nbytes / (gpu[L.G_L2_MB] * 1048576.0))
-    x[7] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
+    if group_of(family) in (F.G_ELEMENTWISE, F.G_SOFTMAX, F.G_LAYER_NORM):
+        x[6] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
     if _is_gemm(family):
         bt, m, n, k = gemm_shape(family, d)
-        x[8:16] = [_lg(bt), _lg(m), _lg(n), _lg(k), _pow2(m), _pow2(n), _pow2(k),
+        x[7:15] = [_lg(bt), _lg(m), _lg(n), _lg(k), _pow2(m), _pow2(n), _pow2(k),
                    _lg(2.0 * m * n * k / max(m * n + n * k + m * k, 1))]
         if family != L.MATMUL:
-            x[16], x[17] = _lg(d[5]), _lg(d[10])
+            x[15], x[16] = _lg(d[5]), _lg(d[10])
         elif bt == 1:
-            x[16] = 1.0 if int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T else 0.0
+            x[15] = 1.0 if int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T else 0.0
         for t, (tm, tn, per) in enumerate(F.TILES):
-            x[18 + t] = wave_utilisation(bt * _cdiv(m, tm) * _cdiv(n, tn), int(sms) * per)
+            x[17 + t] = wave_utilisation(bt * _cdiv(m, tm) * _cdiv(n, tn), int(sms) * per)
     else:
-        x[8] = _lg(elems)
-        x[9] = _lg(max(d[L.MEM_INNER], 1))
-        x[10] = _lg(max(d[L.MEM_OUTER], 1))
-        x[11] = _lg(d[L.MEM_READ] / max(d[L.MEM_WRITTEN], 1))
-        x[12] = _pow2(max(d[L.MEM_INNER], 1))
-        x[13] = _lg(flops / max(elems, 1.0) + 1.0)
+        x[7] = _lg(elems)
+        x[8] = _lg(max(d[L.MEM_INNER], 1))
+        x[9] = _lg(max(d[L.MEM_OUTER], 1))
+        x[10] = _lg(d[L.MEM_READ] / max(d[L.MEM_WRITTEN], 1))
+        x[11] = _pow2(max(d[L.MEM_INNER], 1))
+        x[12] = _lg(flops / max(elems, 1.0) + 1.0)
     return x
 
 

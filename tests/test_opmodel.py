@@ -181,7 +181,7 @@ def _gemm_features(bt, layout):
 def test_gemm_layout_is_a_feature_only_where_the_data_has_both():
     # Unbatched: x @ W^T (linear's tn kernels) and x @ W (nn) differ in one feature.
     tn, nn = _gemm_features(1, L.GEMM_B_T), _gemm_features(1, 0)
-    assert np.flatnonzero(tn != nn).tolist() == [16] and tn[16] == 1.0 and nn[16] == 0.0
+    assert np.flatnonzero(tn != nn).tolist() == [15] and tn[15] == 1.0 and nn[15] == 0.0
     # A_T alone (a weight gradient) has no data of its own: priced by B's layout.
     assert np.array_equal(_gemm_features(1, L.GEMM_A_T), nn)
     # Batched GEMMs are all nn in the data: the flag stays off.

@@ -1,0 +1,126 @@
+"""Choose the learned models' features by leave-one-GPU-out validation.
+
+    python -m benchmarks.feature_selection --group matmul --drop 6 --add l2
+    python -m benchmarks.feature_selection --group elementwise --drop 6
+
+For one model group, trains on four GPUs and scores the fifth's *training*
+shapes (never the test split), for each of the five GPUs, with the features of
+``predictor.kernels.features`` as they are, with some columns zeroed
+(``--drop``), or with candidate columns appended (``--add``). Prints the MAPE
+per held-out GPU and per op, and the mean over held-out GPUs without the
+power-throttled P4, the number the feature set was chosen by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from predictor import hardware
+from predictor.calibration import datasets as D
+from predictor.calibration import train as T
+from predictor.kernels import features as F
+from predictor.kernels import layout as L
+from predictor.kernels.work import flops_and_elems
+
+
+def _gpu_column(s: D.OpSamples, col: int) -> np.ndarray:
+    db = hardware.database()
+    return np.array([db.get(g).features[col] for g in s.gpu])
+
+
+def _nbytes(s: D.OpSamples) -> np.ndarray:
+    return np.array([flops_and_elems(int(f), d)[1] * 4.0 for f, d in zip(s.family, s.dims)])
+
+
+# Candidate columns, computed from the samples (fp32 throughout).
+CANDIDATES = {
+    # Working set against the L2 cache, log2.
+    "l2": lambda s: np.log2(np.maximum(_nbytes(s), 1.0)
+                            / (_gpu_column(s, L.G_L2_MB) * 1048576.0)),
+    # Board power, clamped to 50-250 W, log2 of the fraction of 250 W.
+    "power": lambda s: np.log2(np.clip(_gpu_column(s, L.G_TDP_W), 50.0, 250.0) / 250.0),
+}
+
+
+def model_features(s: D.OpSamples, drop=(), add=()):
+    x, ideal, group, target = T.features(s)
+    x = x.copy()
+    x[:, list(drop)] = 0.0
+    if add:
+        x = np.concatenate([x] + [CANDIDATES[a](s)[:, None] for a in add], axis=1)
+    return x, ideal, group, target
+
+
+def forward(m: T.GroupModel, x: np.ndarray, ideal: np.ndarray) -> np.ndarray:
+    """A fitted group's isolated-op time (us), in numpy (any feature width)."""
+    z = (x - m.mean) / m.std
+    (w1, b1), (w2, b2), (w3, b3) = m.layers
+    h = np.tanh(np.tanh(z @ w1.T + b1) @ w2.T + b2)
+    return m.floor_us + ideal / (m.eta_max / (1.0 + np.exp(-(h @ w3 + b3))))
+
+
+def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: int = 60,
+             log=print) -> dict[str, dict[str, float]]:
+    train = D.load_train(data)
+    out = {}
+    for held in sorted(set(train.gpu)):
+        fit_on = train.subset(train.gpu != held)
+        ev = train.subset(train.gpu == held)
+        x, ideal, g, t = model_features(fit_on, drop, add)
+        mask = g == group
+        xe, ie, ge, te = model_features(ev, drop, add)
+        em = ge == group
+        if mask.sum() < 50 or not em.any():
+            continue
+        sub = fit_on.subset(mask)
+        xm, im, _, _ = model_features(T.doubled(fit_on, seed), drop, add)
+        probes = None
+        if group == F.G_MATMUL:
+            pr = T.gemm_probes(sub, seed)
+            xp, ip, _, _ = model_features(pr, drop, add)
+            xpm, ipm, _, _ = model_features(T.doubled(pr, seed + 1), drop, add)
+            probes = (xp, ip, xpm, ipm)
+        t0 = time.perf_counter()
+        model = T.fit_group(group, x[mask], ideal[mask], t[mask], x_more=xm[mask],
+                            ideal_more=im[mask], probes=probes, seed=seed + group,
+                            epochs=epochs)
+        err = np.abs(forward(model, xe[em], ie[em]) - te[em]) / te[em] * 100.0
+        ops = ev.op[em]
+        fams = np.array(["elementwise" if o in D.BINARY + D.UNARY else o for o in ops])
+        out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
+        log(f"  {held:<16} {time.perf_counter() - t0:5.1f} s  " +
+            "  ".join(f"{k} {v:.1f}" for k, v in out[held].items()))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="../shared/data/neusight")
+    ap.add_argument("--group", choices=F.GROUP_NAMES, required=True)
+    ap.add_argument("--drop", default="", help="feature columns to zero, comma-separated")
+    ap.add_argument("--add", default="", help="candidate columns to append: " +
+                    ", ".join(CANDIDATES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=60)
+    args = ap.parse_args(argv)
+    drop = [int(c) for c in args.drop.split(",") if c]
+    add = [a for a in args.add.split(",") if a]
+    for a in add:
+        if a not in CANDIDATES:
+            ap.error(f"unknown candidate {a!r}; choose from {', '.join(CANDIDATES)}")
+    res = validate(Path(args.data), F.GROUP_NAMES.index(args.group), drop=drop, add=add,
+                   seed=args.seed, epochs=args.epochs)
+    keys = sorted({k for r in res.values() for k in r})
+    mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
+    print(f"{args.group} drop={drop or '-'} add={add or '-'} seed={args.seed}: "
+          "mean over held-out GPUs except P4: " +
+          "  ".join(f"{k} {v:.1f}" for k, v in mean.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
