@@ -8,12 +8,13 @@ blocks take and how full the last one is, plus log-scaled dims. That is what
 lets a model trained on five GPUs say something about a sixth.
 
 Leave-one-GPU-out validation (train on four GPUs, score the fifth's training
-shapes) chose what is left out: the working set against the L2 cache (it let
-the networks tell the GPUs apart; dropping it took matmul from 31.9/30.0 %
-(linear/bmm) to 24.4/27.4 %, conv from 28.5 to 25.2 %, elementwise from 13.6
-to 11.3 %) and, for GEMMs and convolutions, the board power (a further
-24.4/27.4 -> 21.7/25.6 % and 25.2 -> 23.6 %; it stays for the memory-bound
-groups, where elementwise needs it: 11.3 % with, 18.9 % without).
+shapes; `python -m benchmarks.feature_selection`, MAPE % mean over held-out
+GPUs except P4, seed 0) chose what is left out: the working set against the
+L2 cache, which let the networks tell the five GPUs apart (added back: bmm /
+linear 25.0 / 21.2 -> 28.7 / 27.0 together with board power, conv 23.0 ->
+26.6 likewise, softmax 23.4 -> 24.9, layer norm 15.2 -> 15.5, elementwise
+ELEM_L2), and board power for GEMMs and convolutions. Board power stays for
+the memory-bound groups (elementwise without it: ELEM_NOPOWER).
 """
 
 from __future__ import annotations
