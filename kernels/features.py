@@ -13,7 +13,7 @@ GPUs except P4, seed 0) chose what is left out: the working set against the
 L2 cache, which let the networks tell the five GPUs apart (added back: bmm /
 linear 25.0 / 21.2 -> 28.7 / 27.0 together with board power, conv 23.0 ->
 26.6 likewise, softmax 23.4 -> 24.9, layer norm 15.2 -> 15.5, elementwise
-ELEM_L2), and board power for GEMMs and convolutions. Board power stays for
+11.4 -> 12.6), and board power for GEMMs and convolutions. Board power stays for
 the memory-bound groups (elementwise without it: 11.4 -> 19.2).
 """
 
