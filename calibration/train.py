@@ -36,14 +36,14 @@ from predictor.kernels.roofline import P_TF32_CONV, default_params
 # formula counts for 3x3 filters, so a conv can beat "100 %" of the direct roofline.
 ETA_MAX = {F.G_CONV: 2.5}
 HIDDEN = (32, 32)
-# Groups whose learned model ships: all five. Leave-one-GPU-out validation
-# (python -m benchmarks.accuracy, mean over held-out GPUs except P4) found the
-# learned models clearly better for conv (28.5 vs 51.2 %) and layer norm (19.7
-# vs 25.1 %) and close to the analytical model for matmul (32.1 vs 30.1 %),
-# bmm (30.3 vs 24.7 %), elementwise (12.2 vs 10.2 %) and softmax (23.5 vs
-# 22.7 %); the end-to-end harness (labels on the training GPUs) was 9.0 % /
-# 10.3 % mean error (inference / training) with all five learned against
-# 20.8 % / 35.9 % with matmul, elementwise and softmax analytical.
+# Groups whose learned model ships: all five. Leave-one-GPU-out on the test
+# shapes (python -m benchmarks.accuracy, mean over held-out GPUs except P4)
+# puts the learned models ahead of the analytical one for conv (23.0 vs
+# 51.2 %), linear (27.3 vs 30.1 %), softmax (21.3 vs 22.7 %) and layer norm
+# (20.7 vs 25.1 %) and behind for bmm (32.2 vs 24.7 %) and elementwise (11.3
+# vs 10.2 %); a trial with matmul, elementwise and softmax analytical made the
+# end-to-end harness much worse (20.8 % / 35.9 % mean error, inference /
+# training, against 9.0 % / 10.3 % all learned; see benchmarks/README.md).
 SHIPPED_GROUPS = tuple(range(F.N_GROUPS))
 MONOTONE_WEIGHT = 50.0
 WEIGHTS_FILE = "opmodels.npz"

@@ -235,3 +235,19 @@ def test_using_weights_refuses_what_is_not_a_weight_array():
             with engine.using_weights(bad):
                 pass
     assert not engine._WEIGHTS_OVERRIDE
+
+
+def test_feature_selection_harness_scores_every_held_out_gpu(data_dir):
+    """benchmarks.feature_selection: columns dropped or candidates appended,
+    each GPU held out in turn and scored on its training shapes."""
+    from benchmarks import feature_selection as FS
+    from predictor.calibration import datasets as D
+    from predictor.kernels import features as F
+
+    s = D.load_train(data_dir, ops=("softmax",))
+    x, _, _, _ = FS.model_features(s, drop=[6], add=["l2", "power"])
+    assert x.shape == (len(s), F.N_FEATURES + 2) and not x[:, 6].any()
+    assert np.isfinite(x).all()
+    res = FS.validate(data_dir, F.G_SOFTMAX, add=["l2"], epochs=2, log=lambda *_: None)
+    assert set(res) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"}
+    assert all(np.isfinite(r["softmax"]) and r["softmax"] > 0 for r in res.values())
