@@ -1,6 +1,7 @@
 """Per-op accuracy of the learned models against measured GPU kernels.
 
     python -m benchmarks.accuracy --data ../shared/data/neusight [--plot accuracy.png] [--md FILE]
+    python -m benchmarks.accuracy --data ../shared/data/neusight --spread
 
 Two evaluations, per op family (linear, bmm, conv, elementwise, softmax, layer norm):
 
@@ -16,6 +17,12 @@ bytes/bandwidth, no efficiency), the analytical model the engine falls back to
 Habitat-style MLP that regresses log milliseconds directly from log dims and
 raw GPU specs (the baseline to beat). Metric: mean absolute percentage error
 (MAPE) and the 90th percentile of absolute percentage error.
+
+``--spread`` prints, instead, how far the GPUs' measured efficiencies lie
+apart on identical test shapes: the LOGO MAPE of an oracle that knows the
+other GPUs' measured efficiency on the very shape and predicts their median
+(or max) for the held-out GPU. No model that prices a GPU by how ops meet its
+spec sheet, without having seen it, can be expected far below this.
 """
 
 from __future__ import annotations
@@ -177,6 +184,37 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
     return summarise(rows), points
 
 
+def cross_gpu_spread(data: Path) -> pd.DataFrame:
+    """LOGO MAPE % of the same-shape oracle (see the module docstring), per
+    family, held-out GPU and summary (median or max of the other GPUs except
+    P4; P4 itself is predicted from the other four)."""
+    test = D.load_test(data)
+    _, ideal, _, target = T.features(test)
+    df = pd.DataFrame({"gpu": test.gpu, "family": family_of(test.op), "eta": ideal / target,
+                       "shape": [o + str(tuple(d)) for o, d in zip(test.op, test.dims)]})
+    eta = df.pivot_table(index=["family", "shape"], columns="gpu", values="eta", aggfunc="first")
+    gpus = list(eta.columns)
+    rows = []
+    for held in gpus:
+        others = [g for g in gpus if g != held and g not in EXCLUDED_FROM_MEAN] \
+            if held not in EXCLUDED_FROM_MEAN else [g for g in gpus if g != held]
+        common = eta.dropna(subset=[held] + others)
+        for fam, grp in common.groupby(level=0):
+            for how in ("median", "max"):
+                guess = getattr(grp[others], how)(axis=1)
+                # t = ideal / eta, so predicted / measured time = eta_true / eta_guess.
+                err = (np.abs(grp[held] / guess - 1.0) * 100.0).mean()
+                rows.append({"family": fam, "oracle": how, "gpu": held, "n": len(grp),
+                             "mape": float(err)})
+    return pd.DataFrame(rows)
+
+
+def spread_table(df: pd.DataFrame) -> str:
+    pivot = df.pivot_table(index=["family", "oracle"], columns="gpu", values="mape")
+    pivot["mean (no P4)"] = pivot[[g for g in pivot.columns if g not in EXCLUDED_FROM_MEAN]].mean(axis=1)
+    return pivot.round(1).to_string()
+
+
 def table(df: pd.DataFrame) -> str:
     """Markdown: per family, in-distribution and LOGO mean (P4 excluded) per model."""
     lines = []
@@ -247,7 +285,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None, help="write predicted-vs-measured PNG here")
     ap.add_argument("--csv", default=None, help="write all scores here")
+    ap.add_argument("--spread", action="store_true",
+                    help="only the cross-GPU spread of measured efficiency on identical shapes")
     args = ap.parse_args(argv)
+    if args.spread:
+        print("LOGO MAPE % of predicting a held-out GPU's efficiency from the other GPUs'")
+        print("measured efficiency on the same test shape (median or max of them)")
+        print(spread_table(cross_gpu_spread(Path(args.data))))
+        return 0
     df, points = run(Path(args.data), epochs=args.epochs, seed=args.seed)
     print()
     print(f"MAPE % by family (LOGO: mean over held-out GPUs except {', '.join(EXCLUDED_FROM_MEAN)})")

@@ -251,3 +251,12 @@ def test_feature_selection_harness_scores_every_held_out_gpu(data_dir):
     res = FS.validate(data_dir, F.G_SOFTMAX, add=["l2"], epochs=2, log=lambda *_: None)
     assert set(res) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"}
     assert all(np.isfinite(r["softmax"]) and r["softmax"] > 0 for r in res.values())
+
+
+def test_cross_gpu_spread_bound(data_dir):
+    from benchmarks import accuracy
+
+    df = accuracy.cross_gpu_spread(data_dir)
+    assert set(df.family) >= {"linear", "bmm", "elementwise", "softmax", "layer_norm"}
+    assert (df.n > 0).all() and np.isfinite(df.mape).all() and (df.mape > 0).all()
+    assert "mean (no P4)" in accuracy.spread_table(df)
