@@ -52,14 +52,12 @@ def using_weights(mlp: np.ndarray):
     trained without the GPU being evaluated: leave-one-GPU-out). `mlp` is a
     packed weight array as `predictor.calibration.train.train` returns it
     (empty: the analytical model alone)."""
-    from predictor.kernels.features import N_GROUPS
-    from predictor.kernels.mlp import HEADER
+    from predictor.opmodel import layout_problem
 
     w = np.ascontiguousarray(mlp, dtype=np.float64)
-    if w.size and (w.ndim != 1 or not np.isfinite(w).all() or w.size < 1 + HEADER * N_GROUPS
-                   or int(w[0]) != N_GROUPS):
-        raise InvalidArgumentError("not a packed op-model weight array "
-                                   f"(expected {N_GROUPS} groups, got shape {w.shape})")
+    problem = layout_problem(w) if w.size else None
+    if problem:
+        raise InvalidArgumentError(f"not a packed op-model weight array: {problem}")
     _WEIGHTS_OVERRIDE.append(w)
     try:
         yield

@@ -30,6 +30,34 @@ class WeightsError(PredictorError):
     """The shipped or user-given weights file cannot be used."""
 
 
+def layout_problem(mlp: np.ndarray) -> str | None:
+    """What is wrong with a packed weight array's layout (None: nothing), so a
+    damaged or foreign array is refused before the numba forward pass reads
+    past its end or divides by a zero scale."""
+    from predictor.kernels.features import N_FEATURES, N_GROUPS
+    from predictor.kernels.mlp import HEADER
+    from predictor.kernels.optime import MAX_HIDDEN
+
+    if mlp.ndim != 1 or not np.isfinite(mlp).all():
+        return "not a finite one-dimensional array"
+    if mlp.size < 1 + HEADER * N_GROUPS or mlp[0] != N_GROUPS:
+        return f"expected a header for {N_GROUPS} groups"
+    for g in range(N_GROUPS):
+        off, n_in, h1, h2, eta_max, floor = mlp[1 + HEADER * g:1 + HEADER * g + 6]
+        if off == 0:
+            continue  # group not trained: analytical model
+        if n_in != N_FEATURES or not (1 <= h1 <= MAX_HIDDEN) or h2 < 1 \
+                or off != int(off) or h1 != int(h1) or h2 != int(h2):
+            return f"group {g}: bad shape ({n_in:g} inputs, {h1:g} x {h2:g} hidden)"
+        n_in, h1, h2, off = int(n_in), int(h1), int(h2), int(off)
+        size = 2 * n_in + h1 * n_in + h1 + h2 * h1 + h2 + h2 + 1
+        if off < 1 + HEADER * N_GROUPS or off + size > mlp.size:
+            return f"group {g}: weights run past the end of the array"
+        if not eta_max > 0 or floor < 0 or not (mlp[off + n_in:off + 2 * n_in] > 0).all():
+            return f"group {g}: non-positive efficiency bound, floor or feature scale"
+    return None
+
+
 def read_weights(path) -> tuple[np.ndarray, dict]:
     """Load a weights file written by ``predictor train-models``."""
     try:
@@ -45,6 +73,9 @@ def read_weights(path) -> tuple[np.ndarray, dict]:
     if meta.get("features") != N_FEATURES:
         raise WeightsError(f"{path}: weights were trained for {meta.get('features')} features, "
                            f"this version builds {N_FEATURES}; run `predictor train-models`")
+    problem = layout_problem(mlp) if mlp.size else None
+    if problem:
+        raise WeightsError(f"{path}: damaged op-model weights file ({problem})")
     return mlp, meta
 
 

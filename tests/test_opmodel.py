@@ -131,6 +131,29 @@ def test_bad_weights_file(tmp_path):
         opmodel.read_weights(bad)
 
 
+def test_damaged_weights_are_refused_with_the_file_name(tmp_path):
+    """A well-formed file whose weight array is cut short or has a bad group
+    header is refused before the forward pass reads it."""
+    from predictor.calibration import train as T
+    from predictor.kernels.mlp import HEADER
+
+    mlp, meta = opmodel.shipped()
+    if not mlp.size:
+        pytest.skip("no shipped weights")
+    assert opmodel.layout_problem(mlp) is None
+    cut = mlp[:-10]
+    bad_shape = mlp.copy()
+    bad_shape[1 + HEADER * 2 + 1] = 5  # elementwise group: 5 inputs
+    zero_scale = mlp.copy()
+    off, n_in = int(mlp[1]), int(mlp[2])
+    zero_scale[off + n_in] = 0.0  # matmul group: first feature's std
+    for i, bad in enumerate((cut, bad_shape, zero_scale)):
+        path = tmp_path / f"damaged{i}.npz"
+        T.save(path, bad, meta)
+        with pytest.raises(opmodel.WeightsError, match=f"damaged{i}.npz"):
+            opmodel.read_weights(path)
+
+
 def test_training_is_seeded(data_dir):
     from predictor.calibration import datasets as D
     from predictor.calibration import train as T
