@@ -196,8 +196,8 @@ def cross_gpu_spread(data: Path) -> pd.DataFrame:
     gpus = list(eta.columns)
     rows = []
     for held in gpus:
-        others = [g for g in gpus if g != held and g not in EXCLUDED_FROM_MEAN] \
-            if held not in EXCLUDED_FROM_MEAN else [g for g in gpus if g != held]
+        others = [g for g in gpus if g != held
+                  and (held in EXCLUDED_FROM_MEAN or g not in EXCLUDED_FROM_MEAN)]
         common = eta.dropna(subset=[held] + others)
         for fam, grp in common.groupby(level=0):
             for how in ("median", "max"):

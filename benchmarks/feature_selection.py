@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from predictor import hardware
+from benchmarks.accuracy import _gpu_arrays, family_of
 from predictor.calibration import datasets as D
 from predictor.calibration import train as T
 from predictor.kernels import features as F
@@ -28,8 +28,8 @@ from predictor.kernels.work import flops_and_elems
 
 
 def _gpu_column(s: D.OpSamples, col: int) -> np.ndarray:
-    db = hardware.database()
-    return np.array([db.get(g).features[col] for g in s.gpu])
+    feats, index = _gpu_arrays(s)
+    return feats[index, col]
 
 
 def _nbytes(s: D.OpSamples) -> np.ndarray:
@@ -89,8 +89,7 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
                             ideal_more=im[mask], probes=probes, seed=seed + group,
                             epochs=epochs)
         err = np.abs(forward(model, xe[em], ie[em]) - te[em]) / te[em] * 100.0
-        ops = ev.op[em]
-        fams = np.array(["elementwise" if o in D.BINARY + D.UNARY else o for o in ops])
+        fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
         log(f"  {held:<16} {time.perf_counter() - t0:5.1f} s  " +
             "  ".join(f"{k} {v:.1f}" for k, v in out[held].items()))

@@ -55,7 +55,7 @@ def using_weights(mlp: np.ndarray):
     from predictor.opmodel import layout_problem
 
     w = np.ascontiguousarray(mlp, dtype=np.float64)
-    problem = layout_problem(w) if w.size else None
+    problem = layout_problem(w)
     if problem:
         raise InvalidArgumentError(f"not a packed op-model weight array: {problem}")
     _WEIGHTS_OVERRIDE.append(w)

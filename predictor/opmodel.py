@@ -33,13 +33,16 @@ class WeightsError(PredictorError):
 def layout_problem(mlp: np.ndarray) -> str | None:
     """What is wrong with a packed weight array's layout (None: nothing), so a
     damaged or foreign array is refused before the numba forward pass reads
-    past its end or divides by a zero scale."""
+    past its end or divides by a zero scale. An empty array is valid: no
+    learned models, the analytical model alone."""
     from predictor.kernels.features import N_FEATURES, N_GROUPS
     from predictor.kernels.mlp import HEADER
     from predictor.kernels.optime import MAX_HIDDEN
 
     if mlp.ndim != 1 or not np.isfinite(mlp).all():
         return "not a finite one-dimensional array"
+    if mlp.size == 0:
+        return None
     if mlp.size < 1 + HEADER * N_GROUPS or mlp[0] != N_GROUPS:
         return f"expected a header for {N_GROUPS} groups"
     for g in range(N_GROUPS):
@@ -66,14 +69,14 @@ def read_weights(path) -> tuple[np.ndarray, dict]:
             meta = json.loads(bytes(z["meta"]).decode())
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         raise WeightsError(f"{path}: not a readable op-model weights file ({exc})") from exc
-    if mlp.ndim != 1 or not np.isfinite(mlp).all() or meta.get("format") != 1:
+    if meta.get("format") != 1:
         raise WeightsError(f"{path}: op-model weights file has an unknown format")
     from predictor.kernels.features import N_FEATURES
 
     if meta.get("features") != N_FEATURES:
         raise WeightsError(f"{path}: weights were trained for {meta.get('features')} features, "
                            f"this version builds {N_FEATURES}; run `predictor train-models`")
-    problem = layout_problem(mlp) if mlp.size else None
+    problem = layout_problem(mlp)
     if problem:
         raise WeightsError(f"{path}: damaged op-model weights file ({problem})")
     return mlp, meta
