@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from predictor import families
-from predictor.families import T
+from predictor.families import TensorMeta
 from predictor.kernels import layout as L
 from predictor.optable import OpTable
 
@@ -64,7 +64,8 @@ class _Scaler:
 
     def convert(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return T(tuple(self.dim(int(d)) for d in x.shape), x.dtype, is_transposed_view(x))
+            return TensorMeta(tuple(self.dim(int(d)) for d in x.shape), x.dtype,
+                              is_transposed_view(x))
         if isinstance(x, bool):
             return x
         if isinstance(x, int):

@@ -172,7 +172,8 @@ def _record_rows(call) -> list:
 
     def conv(x):
         if isinstance(x, torch.Tensor):
-            return families.T(tuple(int(s) for s in x.shape), x.dtype, is_transposed_view(x))
+            return families.TensorMeta(tuple(int(s) for s in x.shape), x.dtype,
+                                       is_transposed_view(x))
         if isinstance(x, (list, tuple)):
             return type(x)(conv(i) for i in x)
         return x

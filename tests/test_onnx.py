@@ -20,8 +20,9 @@ import torch
 from onnx import TensorProto, helper
 
 import predictor
-from predictor import families
+from predictor.families import TensorMeta
 from predictor.errors import FileFormatError, InvalidArgumentError
+from predictor.frontend import training_synthesis as synthesis
 from predictor.frontend.onnx import trace_onnx
 from predictor.kernels import layout as L
 
@@ -317,17 +318,17 @@ def test_loss_choice_and_errors(resnet50_onnx):
 # ------------------------------------------------ the shared backward rules --
 
 def test_backward_rules_mirror_autograd():
-    T = families.T
+    T = TensorMeta
     f32 = torch.float32
     aten = torch.ops.aten
     x, w, y = T((64, 128), f32), T((128, 256), f32), T((64, 256), f32)
-    mm = families.Call(aten.mm.default, (x, w), out=y)
-    calls = families.backward_calls(mm, (True, True))
+    mm = synthesis.Call(aten.mm.default, (x, w), out=y)
+    calls = synthesis.backward_calls(mm, (True, True))
     assert [c.op for c in calls] == [aten.mm.default, aten.mm.default]
     assert [c.out.shape for c in calls] == [(64, 128), (128, 256)]
-    assert families.backward_calls(mm, (False, True))[0].out.shape == (128, 256)
-    assert families.backward_calls(mm, (False, False)) == []
+    assert synthesis.backward_calls(mm, (False, True))[0].out.shape == (128, 256)
+    assert synthesis.backward_calls(mm, (False, False)) == []
     # optimizer: the same foreach kernels as the traced step
-    rows = families.optimizer_rows([T((1000, 10), f32), T((10,), f32)], "adam")
+    rows = synthesis.optimizer_rows([T((1000, 10), f32), T((10,), f32)], "adam")
     assert {r[0] for r in rows} == {L.OPTIMIZER} and len(rows) == 7
-    assert families.optimizer_rows([T((3,), f32)], None) == []
+    assert synthesis.optimizer_rows([T((3,), f32)], None) == []

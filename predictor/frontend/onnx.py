@@ -26,10 +26,10 @@ Pipeline (one module each: ``onnx_load`` -> ``onnx_ops`` -> here):
    listed on the Graph, never dropped.
 4. **Training.** An ONNX file is an inference graph. For ``mode="train"`` the
    loss, backward pass and optimizer step are synthesised with the shared
-   rules in ``predictor.families`` (``backward_calls``, ``loss_calls``,
-   ``optimizer_calls``): which tensors need a gradient follows from the float
-   initializers (the parameters) and the loss; a tensor read by several ops
-   accumulates its gradients with adds, as autograd does.
+   rules in ``predictor.frontend.training_synthesis`` (``backward_calls``,
+   ``loss_calls``, ``optimizer_calls``): which tensors need a gradient follows
+   from the float initializers (the parameters) and the loss; a tensor read by
+   several ops accumulates its gradients with adds, as autograd does.
 
 Each distinct call is priced at batch 1, 2 and the sentinel to store its dims
 as ``base + slope * batch``, exactly like the fx lowering.
@@ -51,9 +51,11 @@ from onnx import numpy_helper
 
 from predictor import families
 from predictor.errors import FileFormatError, InvalidArgumentError
-from predictor.families import Call, T
+from predictor.families import TensorMeta
+from predictor.frontend import training_synthesis as synthesis
+from predictor.frontend.training_synthesis import Call
 from predictor.frontend.onnx_load import (
-    _ShapeFailure, _Value, _bind_inputs, _infer, _node_label, _one_line, _opsets,
+    OnnxValue, _ShapeFailure, _bind_inputs, _infer, _node_label, _one_line, _opsets,
     _topological, load,
 )
 from predictor.frontend.onnx_ops import (
@@ -78,7 +80,7 @@ __all__ = ["trace_onnx", "load", "ONNX_OPS", "SENTINEL_BATCH"]
 # ============================================================ the graph ==
 
 def _classify(nodes: list[onnx.NodeProto], graph: onnx.GraphProto,
-              values: dict[str, _Value]) -> dict[str, str]:
+              values: dict[str, OnnxValue]) -> dict[str, str]:
     """PARAM: initializers and what is computed from them alone (folded at load);
     META: shapes and the small arithmetic on them (the sizes feeding Reshape,
     Slice, Expand; an attention scale 1/sqrt(d)), host side in PyTorch; ACT:
@@ -178,7 +180,7 @@ class _Lowered:
     host_ops: list[int]   # aten ops the host dispatches per phase, views included
 
 
-def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str, _Value],
+def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str, OnnxValue],
            p: Path, *, train: bool, optimizer: str | None, loss: str) -> _Lowered:
     graph = model.graph
     kinds = _classify(nodes, graph, values)
@@ -303,14 +305,14 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
             contrib.update(ins)
     grad = requires & contrib
 
-    loss_fwd, loss_bwd = families.loss_calls([ctx.t(o) for o in loss_outputs], loss) \
+    loss_fwd, loss_bwd = synthesis.loss_calls([ctx.t(o) for o in loss_outputs], loss) \
         if loss_outputs else ([], [])
     backward: list[Call] = list(loss_bwd)
     host_bwd = views + (1 if loss == "mean" and loss_bwd else 0)  # the mean's expand
     for f in reversed(fwd):
         if any(o in grad for o in f.outputs):
             needs = _needs(f.sources, grad)
-            backward.extend(families.backward_calls(f.call, needs))
+            backward.extend(synthesis.backward_calls(f.call, needs))
             host_bwd += _host(f, True, needs)[1]
     # A tensor read by k ops that each send it a gradient: k - 1 accumulating adds.
     uses: dict[str, int] = defaultdict(int)
@@ -324,7 +326,7 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
             t = ctx.t(name)
             backward.extend([Call(aten.add.Tensor, (t, t), out=t)] * (k - 1))
     trainable = sorted(n for n in diff_params if n in grad)
-    opt = families.optimizer_calls([ctx.t(n) for n in trainable], optimizer)
+    opt = synthesis.optimizer_calls([ctx.t(n) for n in trainable], optimizer)
     n_train = sum(values[n].numel for n in trainable)
     host = [host_fwd + len(loss_fwd), host_bwd + len(backward), len(opt)]
     return _Lowered(forward + loss_fwd, backward, opt, unsupported, n_params, n_train, n_bytes,
@@ -334,8 +336,9 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
 # ============================================================ 5. rows ==
 
 def _scale(x: Any, sentinel: int | None, batch: int) -> Any:
-    if isinstance(x, T):
-        return T(tuple(_scale_dim(d, sentinel, batch) for d in x.shape), x.dtype, x.transposed)
+    if isinstance(x, TensorMeta):
+        return TensorMeta(tuple(_scale_dim(d, sentinel, batch) for d in x.shape), x.dtype,
+                          x.transposed)
     if isinstance(x, bool):
         return x
     if isinstance(x, int):
@@ -356,7 +359,7 @@ def _scale_dim(d: int, sentinel: int | None, batch: int) -> int:
 def _rows_at(call: Call, sentinel: int | None, batch: int):
     c = Call(call.op, _scale(call.args, sentinel, batch), _scale(call.kwargs, sentinel, batch),
              _scale(call.out, sentinel, batch), call.kind, call.name, call.tag)
-    return families.call_rows(c)
+    return synthesis.call_rows(c)
 
 
 def _key(x: Any) -> Any:
@@ -374,11 +377,11 @@ def _affine(call: Call, sentinel: int | None, batch: int):
     lowering's rule: extract at batch 1 and 2, check at the sentinel, take
     kernel counts at the requested batch."""
     if sentinel is None:
-        rows, bad = families.call_rows(call)
+        rows, bad = synthesis.call_rows(call)
         return [(f, tuple(d), (0,) * len(d), k) for f, d, k in rows], bad, True
     r1, bad = _rows_at(call, sentinel, 1)
     r2, _ = _rows_at(call, sentinel, 2)
-    rs, _ = families.call_rows(call)
+    rs, _ = synthesis.call_rows(call)
     rb, _ = _rows_at(call, sentinel, batch)
     out = []
     affine = len(r1) == len(r2) == len(rs) == len(rb)
@@ -489,9 +492,9 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
         raise InvalidArgumentError(
             f"{path}: an ONNX model takes a loss by name ('mean' or 'cross_entropy'), "
             "not a function")
-    if loss not in families.LOSSES:
+    if loss not in synthesis.LOSSES:
         raise InvalidArgumentError(
-            f"unknown loss {loss!r} for an ONNX model; choose one of {', '.join(families.LOSSES)}")
+            f"unknown loss {loss!r} for an ONNX model; choose one of {', '.join(synthesis.LOSSES)}")
     dims = dict(dims or {})
     for k, v in dims.items():
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:

@@ -178,7 +178,11 @@ def _node_label(node: onnx.NodeProto) -> str:
 # ============================================================ 2. shapes ==
 
 @dataclass
-class _Value:
+class OnnxValue:
+    """A value of the ONNX graph as shape inference leaves it: its shape (None
+    while unknown), ONNX element type, and the data of a constant or a small
+    shape-computing tensor. Public: the op mappers and the lowering read it."""
+
     shape: tuple[int, ...] | None
     elem: int
     data: np.ndarray | None = None
@@ -266,7 +270,7 @@ def _bind_inputs(graph: onnx.GraphProto, p: Path, batch: int | None, seq_len: in
     return shapes, elems, file_batch
 
 
-def _initializer_values(graph: onnx.GraphProto, p: Path) -> dict[str, _Value]:
+def _initializer_values(graph: onnx.GraphProto, p: Path) -> dict[str, OnnxValue]:
     values = {}
     for init in graph.initializer:
         shape = tuple(int(d) for d in init.dims)
@@ -279,7 +283,7 @@ def _initializer_values(graph: onnx.GraphProto, p: Path) -> dict[str, _Value]:
                     data = numpy_helper.to_array(init)
             except Exception:  # noqa: BLE001 - a malformed small tensor: no value, shape only
                 data = None
-        values[init.name] = _Value(shape, init.data_type, data)
+        values[init.name] = OnnxValue(shape, init.data_type, data)
     return values
 
 
@@ -295,7 +299,7 @@ def _check_shape(shape: tuple[int, ...], name: str, p: Path) -> None:
             "real model")
 
 
-def _type_of(v: _Value) -> onnx.TypeProto:
+def _type_of(v: OnnxValue) -> onnx.TypeProto:
     t = onnx.TypeProto()
     t.tensor_type.elem_type = v.elem or onnx.TensorProto.FLOAT
     if v.shape is not None:
@@ -306,18 +310,18 @@ def _type_of(v: _Value) -> onnx.TypeProto:
     return t
 
 
-def _value_from_type(tp: onnx.TypeProto) -> _Value | None:
+def _value_from_type(tp: onnx.TypeProto) -> OnnxValue | None:
     if not tp.HasField("tensor_type"):
         return None
     tt = tp.tensor_type
     if not tt.HasField("shape"):
-        return _Value(None, tt.elem_type)
+        return OnnxValue(None, tt.elem_type)
     dims = []
     for d in tt.shape.dim:
         if not d.HasField("dim_value"):
-            return _Value(None, tt.elem_type)
+            return OnnxValue(None, tt.elem_type)
         dims.append(int(d.dim_value))
-    return _Value(tuple(dims), tt.elem_type)
+    return OnnxValue(tuple(dims), tt.elem_type)
 
 
 _RUN_PARAMS = {"log": lambda *a: None, "opsets": {}, "verbose": 0, "new_ops": None,
@@ -335,20 +339,20 @@ def _evaluate(node: onnx.NodeProto, opset: int, inputs: list[np.ndarray | None])
 
 def _infer(nodes: list[onnx.NodeProto], model: onnx.ModelProto, p: Path,
            inputs: dict[str, tuple[int, ...]], elems: dict[str, int],
-           strict: bool) -> dict[str, _Value]:
+           strict: bool) -> dict[str, OnnxValue]:
     """Shapes (and small values) of every tensor, node by node."""
     graph = model.graph
     opsets = _opsets(model)
     values = _initializer_values(graph, p)
     for name, shape in inputs.items():
-        values[name] = _Value(shape, elems[name])
+        values[name] = OnnxValue(shape, elems[name])
     declared = {vi.name: vi.type for vi in list(graph.value_info) + list(graph.output)}
     opset_protos = list(model.opset_import)
     for node in nodes:
         domain = "" if node.domain == "ai.onnx" else node.domain
         version = opsets.get(domain)
         ins = [values.get(i) if i else None for i in node.input]
-        outs: dict[str, _Value | None] = {}
+        outs: dict[str, OnnxValue | None] = {}
         schema = None
         if version is not None:
             try:
@@ -359,7 +363,7 @@ def _infer(nodes: list[onnx.NodeProto], model: onnx.ModelProto, p: Path,
             try:
                 (data,) = _evaluate(node, version, [])
                 data = np.asarray(data)
-                outs[node.output[0]] = _Value(tuple(int(d) for d in data.shape),
+                outs[node.output[0]] = OnnxValue(tuple(int(d) for d in data.shape),
                                               numpy_helper.from_array(data).data_type,
                                               data if data.size <= VALUE_LIMIT else None)
             except Exception as exc:  # noqa: BLE001
@@ -399,7 +403,7 @@ def _infer(nodes: list[onnx.NodeProto], model: onnx.ModelProto, p: Path,
             if (v is None or v.shape is None) and schema is None and len(node.output) == 1 \
                     and ins and ins[0] is not None and ins[0].shape is not None:
                 # An op this onnx does not know: assume it keeps its input's shape.
-                v = _Value(ins[0].shape, ins[0].elem)
+                v = OnnxValue(ins[0].shape, ins[0].elem)
             outs[o] = v
         # Values of small tensors: shape arithmetic feeding Reshape, Slice, Expand...
         if domain == "" and node.op_type in ("Shape", "Size") and ins and ins[0] is not None \
@@ -411,7 +415,7 @@ def _infer(nodes: list[onnx.NodeProto], model: onnx.ModelProto, p: Path,
                 start, end = _attr(node, "start", 0), _attr(node, "end", None)
                 data = np.array(shape[start:end] if end is not None else shape[start:],
                                 dtype=np.int64)
-            outs[node.output[0]] = _Value(tuple(data.shape), onnx.TensorProto.INT64, data)
+            outs[node.output[0]] = OnnxValue(tuple(data.shape), onnx.TensorProto.INT64, data)
         elif domain == "" and node.op_type != "Constant" and ins and all(
                 (v is not None and v.data is not None) for i, v in zip(node.input, ins) if i) \
                 and all(v is not None and v.shape is not None and v.numel <= VALUE_LIMIT

@@ -1,9 +1,10 @@
 """ONNX ops as the aten calls PyTorch runs for them (the ONNX frontend's op table).
 
 Each mapper turns one ONNX node into :class:`_Fwd` entries: an aten
-:class:`~predictor.families.Call` (tensors as shapes) whose rows come from the
-shared op-family registry, plus where its tensors come from in the ONNX graph
-so that the frontend can route gradients. PyTorch's own choices are mirrored:
+:class:`~predictor.frontend.training_synthesis.Call` (tensors as shapes) whose
+rows come from the shared op-family registry, plus where its tensors come
+from in the ONNX graph so that the frontend can route gradients. PyTorch's own
+choices are mirrored:
 ``MatMul`` with a weight (and the ``Add`` of its bias) is ``nn.Linear``'s
 ``addmm`` over the folded leading dims; a batched ``MatMul`` is a ``bmm``;
 ``GlobalAveragePool`` is the ``mean`` that ``adaptive_avg_pool2d(x, 1)`` runs;
@@ -21,11 +22,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import onnx
+try:
+    import onnx
+except ImportError:  # an optional dependency
+    from predictor.errors import MissingExtraError
+    raise MissingExtraError("onnx", "onnx", "ONNX files") from None
 import torch
 
-from predictor.families import Call, T
-from predictor.frontend.onnx_load import _Value, _attr
+from predictor.families import TensorMeta
+from predictor.frontend.onnx_load import OnnxValue, _attr
+from predictor.frontend.training_synthesis import Call
 
 aten = torch.ops.aten
 
@@ -44,7 +50,7 @@ class _Fwd:
 
 @dataclass
 class _Ctx:
-    values: dict[str, _Value]
+    values: dict[str, OnnxValue]
     kinds: dict[str, str]
     train: bool
     opset: int
@@ -53,9 +59,9 @@ class _Ctx:
     skip: set = field(default_factory=set)   # nodes folded into an earlier call
     views: set = field(default_factory=set)  # nodes that are views here (no kernel)
 
-    def t(self, name: str, shape: tuple | None = None) -> T:
+    def t(self, name: str, shape: tuple | None = None) -> TensorMeta:
         v = self.values[name]
-        return T(tuple(v.shape if shape is None else shape), v.dtype)
+        return TensorMeta(tuple(v.shape if shape is None else shape), v.dtype)
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.values[name].shape
@@ -304,7 +310,8 @@ def _matmul_calls(ctx: _Ctx, a: str, b: str, y: str, bias: str | None,
         # A 2-D weight is an nn.Linear's, whose W^T the exporter folded into a
         # [K, N] initializer: PyTorch runs it as x @ W^T on the stored [N, K]
         # weight (a transposed view: the `*_tn` GEMM kernels).
-        x2, w2, y2 = T((m, k), ta), T((k, n), tb, tag == "linear"), T((m, n), ta)
+        x2, y2 = TensorMeta((m, k), ta), TensorMeta((m, n), ta)
+        w2 = TensorMeta((k, n), tb, tag == "linear")
         folded = len(sa) > 2  # nn.Linear on [..., K]: view, t, mm, view
         if bias is not None:
             call = Call(aten.addmm.default, (ctx.t(bias), x2, w2), out=y2, tag=tag)
@@ -314,7 +321,8 @@ def _matmul_calls(ctx: _Ctx, a: str, b: str, y: str, bias: str | None,
     lead = tuple(np.broadcast_shapes(sa[:-2], sb[:-2]))
     bt = math.prod(lead)
     m = sa[-2]
-    call = Call(aten.bmm.default, (T((bt, m, k), ta), T((bt, k, n), tb)), out=T((bt, m, n), ta))
+    call = Call(aten.bmm.default, (TensorMeta((bt, m, k), ta), TensorMeta((bt, k, n), tb)),
+                out=TensorMeta((bt, m, n), ta))
     fwd = [_Fwd(call, (a, b), outputs)]
     if bias is not None:
         fwd.append(_Fwd(Call(aten.add.Tensor, (ctx.t(y), ctx.t(bias)), out=ctx.t(y)),
@@ -364,8 +372,9 @@ def _gemm(ctx: _Ctx, node) -> list[_Fwd]:
     tag = "linear" if ctx.is_param(b) else None
     # transB: B is stored [N, K] and read transposed (nn.Linear's layout); a
     # weight without it had its transpose folded by the exporter (see MatMul).
-    ta = T(tuple(sa), ctx.values[a].dtype, bool(_attr(node, "transA", 0)))
-    tb = T(tuple(sb), ctx.values[b].dtype, bool(_attr(node, "transB", 0)) or tag == "linear")
+    ta = TensorMeta(tuple(sa), ctx.values[a].dtype, bool(_attr(node, "transA", 0)))
+    tb = TensorMeta(tuple(sb), ctx.values[b].dtype,
+                    bool(_attr(node, "transB", 0)) or tag == "linear")
     if c is not None:
         call = Call(aten.addmm.default, (ctx.t(c), ta, tb), out=ctx.t(y), tag=tag)
         return [_Fwd(call, (c, a, b), (y,), host=("linear", False, True))]
@@ -406,7 +415,7 @@ def _softmax(ctx: _Ctx, node) -> list[_Fwd]:
     op = aten._softmax.default if node.op_type == "Softmax" else aten._log_softmax.default
     if ctx.opset < 13:  # softmax over the flattened trailing dims
         inner = math.prod(shape[axis:])
-        tx = T((math.prod(shape[:axis]), inner), ctx.values[x].dtype)
+        tx = TensorMeta((math.prod(shape[:axis]), inner), ctx.values[x].dtype)
         call = Call(op, (tx, 1, False), out=tx)
     else:
         call = Call(op, (ctx.t(x), axis, False), out=ctx.t(y))
@@ -422,7 +431,7 @@ def _layer_norm(ctx: _Ctx, node) -> list[_Fwd]:
     axis = _attr(node, "axis", -1)
     axis = axis + len(shape) if axis < 0 else axis
     norm = list(shape[axis:])
-    stats = T(tuple(shape[:axis]) + (1,) * len(norm), torch.float32)
+    stats = TensorMeta(tuple(shape[:axis]) + (1,) * len(norm), torch.float32)
     call = Call(aten.native_layer_norm.default,
                 (ctx.t(x), norm, ctx.t(w), ctx.t(b) if b else None, _attr(node, "epsilon", 1e-5)),
                 out=(ctx.t(y), stats, stats))
@@ -456,7 +465,7 @@ def _batch_norm(ctx: _Ctx, node) -> list[_Fwd]:
                     (tx, tw, tb, tm, tv, True, _attr(node, "momentum", 0.9), eps),
                     out=(ty, tw, tw, tm, tv))
         # nn.BatchNorm's num_batches_tracked += 1: one scalar kernel per layer.
-        counter = T((), torch.int64)
+        counter = TensorMeta((), torch.int64)
         bump = Call(aten.add_.Tensor, (counter, 1), out=counter, kind="elementwise")
         return [_Fwd(call, (x, w, b, None, None, None, None, None), (y,)),
                 _Fwd(bump, (None, None), ())]
@@ -473,7 +482,8 @@ def _dropout(ctx: _Ctx, node) -> list[_Fwd]:
     if not ctx.train or p <= 0.0:
         return []  # an identity at inference (and with p = 0)
     ty = ctx.t(y)
-    call = Call(aten.native_dropout.default, (ctx.t(x), p, True), out=(ty, T(ty.shape, torch.bool)))
+    call = Call(aten.native_dropout.default, (ctx.t(x), p, True),
+                out=(ty, TensorMeta(ty.shape, torch.bool)))
     return [_Fwd(call, (x, None, None), (y,))]
 
 
@@ -491,7 +501,7 @@ def _pool(ctx: _Ctx, node) -> list[_Fwd]:
         op = aten.max_pool3d_with_indices.default if nsp == 3 else \
             aten.max_pool2d_with_indices.default
         call = Call(op, (ctx.t(x), ks, st, pads, [1] * nsp, bool(_attr(node, "ceil_mode", 0))),
-                    out=(ty, T(ty.shape, torch.int64)))
+                    out=(ty, TensorMeta(ty.shape, torch.int64)))
         return [_Fwd(call, (x,) + (None,) * 5, (y,))]
     op = aten.avg_pool3d.default if nsp == 3 else aten.avg_pool2d.default
     call = Call(op, (ctx.t(x), ks, st, pads), out=ty)
@@ -545,18 +555,18 @@ def _lstm(ctx: _Ctx, node) -> list[_Fwd]:
     return [_Fwd(call, srcs, tuple(outs))]
 
 
-def _attention_call(ctx: _Ctx, q: T, k: T, v: T, causal: bool, y: str,
+def _attention_call(ctx: _Ctx, q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, y: str,
                     srcs: tuple) -> list[_Fwd]:
     call = Call(aten._scaled_dot_product_flash_attention.default, (q, k, v),
                 kwargs=(("is_causal", bool(causal)),), out=(ctx.t(y),))
     return [_Fwd(call, srcs, (y,))]
 
 
-def _heads(t: T, heads: int) -> T:
+def _heads(t: TensorMeta, heads: int) -> TensorMeta:
     if len(t.shape) == 4:
         return t
     b, s, hd = t.shape
-    return T((b, heads, s, hd // max(heads, 1)), t.dtype)
+    return TensorMeta((b, heads, s, hd // max(heads, 1)), t.dtype)
 
 
 @onnx_op("Attention")
@@ -589,12 +599,12 @@ def _ms_attention(ctx: _Ctx, node) -> list[_Fwd]:
     b, s, hidden = ctx.shape(x)
     n = ctx.shape(w)[-1]
     dt = ctx.values[x].dtype
-    qkv = T((b * s, n), dt)
+    qkv = TensorMeta((b * s, n), dt)
     proj = Call(aten.addmm.default if bias else aten.mm.default,
-                ((ctx.t(bias),) if bias else ()) + (T((b * s, hidden), dt), ctx.t(w)), out=qkv,
-                tag="linear")
+                ((ctx.t(bias),) if bias else ()) + (TensorMeta((b * s, hidden), dt), ctx.t(w)),
+                out=qkv, tag="linear")
     d = n // 3 // max(heads, 1)
-    qt = T((b, heads, s, d), dt)
+    qt = TensorMeta((b, heads, s, d), dt)
     fwd = [_Fwd(proj, ((bias,) if bias else ()) + (x, w), (node.output[0],))]
     return fwd + _attention_call(ctx, qt, qt, qt, _attr(node, "unidirectional", 0),
                                  node.output[0], (None, None, None))
@@ -624,7 +634,7 @@ def _unsupported(ctx: _Ctx, node, label: str) -> list[_Fwd]:
     return [_Fwd(call, tuple(srcs), tuple(outs))]
 
 
-def _diff_inputs(node: onnx.NodeProto, values: dict[str, _Value]) -> list[int]:
+def _diff_inputs(node: onnx.NodeProto, values: dict[str, OnnxValue]) -> list[int]:
     if node.op_type in _NON_DIFF:
         return []
     fixed = _DIFF_INPUTS.get(node.op_type)
