@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from predictor.kernels import layout as L
+from predictor.registry import Registry
 
 aten = torch.ops.aten
 
@@ -85,16 +86,13 @@ class RowContext:
 
 # ------------------------------------------------------------------ registry --
 
-BUILDERS: dict[int, Callable[[RowContext], Runner]] = {}
+BUILDERS: Registry = Registry("runner builder")  # family -> Callable[[RowContext], Runner]
 
 
 def builder(*families: int):
-    def wrap(fn):
-        for fam in families:
-            BUILDERS[fam] = fn
-        return fn
-
-    return wrap
+    """Register the runner builder of op families. A family that already has
+    one is refused at import, so no builder is silently lost."""
+    return BUILDERS.register(*families)
 
 
 # ------------------------------------------------------------ GEMM and conv --

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from predictor.kernels import layout as L
+from predictor.registry import Registry
 
 aten = torch.ops.aten
 
@@ -55,7 +56,7 @@ class TensorMeta:
 
 
 Extractor = Callable[..., list[Row]]
-REGISTRY: dict[Any, Extractor] = {}
+REGISTRY: Registry = Registry("op-family extractor")  # aten op -> Extractor
 
 # Ops that are free on a GPU: metadata, views, allocation without a kernel, or
 # host-side scalars. Listed explicitly where the schema alone does not say so.
@@ -69,14 +70,9 @@ FREE_OPS = {
 
 
 def register(*ops: Any) -> Callable[[Extractor], Extractor]:
-    """Register an extractor for aten op packets or overloads."""
-
-    def wrap(fn: Extractor) -> Extractor:
-        for op in ops:
-            REGISTRY[op] = fn
-        return fn
-
-    return wrap
+    """Register an extractor for aten op packets or overloads. An op that
+    already has one is refused at import, so no extractor is silently lost."""
+    return REGISTRY.register(*ops)
 
 
 def lookup(op: Any) -> Extractor | None:

@@ -32,6 +32,7 @@ import torch
 from predictor.families import TensorMeta
 from predictor.frontend.onnx_load import OnnxValue, _attr
 from predictor.frontend.training_synthesis import Call
+from predictor.registry import Registry
 
 aten = torch.ops.aten
 
@@ -75,16 +76,13 @@ class _Ctx:
 
 
 Mapper = Callable[[_Ctx, onnx.NodeProto], list[_Fwd]]
-ONNX_OPS: dict[str, Mapper] = {}
+ONNX_OPS: Registry = Registry("ONNX op mapper")  # op_type -> Mapper
 
 
 def onnx_op(*names: str) -> Callable[[Mapper], Mapper]:
-    def wrap(fn: Mapper) -> Mapper:
-        for n in names:
-            ONNX_OPS[n] = fn
-        return fn
-
-    return wrap
+    """Register the mapper of ONNX op types. An op type that already has one
+    is refused at import, so no mapper is silently lost."""
+    return ONNX_OPS.register(*names)
 
 
 def _simple(op: Any, ctx: _Ctx, node, *, kind: str | None = None, name: str | None = None,

@@ -34,6 +34,7 @@ from predictor.families import (
 )
 from predictor.frontend import optimizers
 from predictor.kernels import layout as L
+from predictor.registry import Registry
 
 aten = torch.ops.aten
 
@@ -78,16 +79,13 @@ def call_rows(call: Call) -> tuple[list[Row], bool]:
 
 
 BackwardRule = Callable[[Call, tuple], list[Call]]
-BACKWARD_RULES: dict[Any, BackwardRule] = {}
+BACKWARD_RULES: Registry = Registry("backward rule")  # aten op -> BackwardRule
 
 
 def backward_rule(*ops: Any) -> Callable[[BackwardRule], BackwardRule]:
-    def wrap(fn: BackwardRule) -> BackwardRule:
-        for op in ops:
-            BACKWARD_RULES[op] = fn
-        return fn
-
-    return wrap
+    """Register the backward rule of aten op packets or overloads. An op that
+    already has one is refused at import, so no rule is silently lost."""
+    return BACKWARD_RULES.register(*ops)
 
 
 def _first(x: Any) -> TensorMeta:
