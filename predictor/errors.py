@@ -36,3 +36,12 @@ class FileFormatError(PredictorError, ValueError):
     """A file the tool reads (an ONNX model, a calibration, a saved graph) that is
     missing, truncated, corrupt or of an unsupported version; the message names
     the file and the problem."""
+
+
+class MissingExtraError(PredictorError, ImportError):
+    """An optional dependency is not installed; the message names the extra
+    that installs it (``pip install 'dnn-predictor[onnx]'``)."""
+
+    def __init__(self, package: str, extra: str, needed_for: str):
+        super().__init__(f"{needed_for} need the {package} package: "
+                         f"pip install 'dnn-predictor[{extra}]'", name=package)

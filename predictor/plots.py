@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from predictor.io import atomic_writer
-from predictor.errors import InvalidArgumentError
+from predictor.errors import InvalidArgumentError, MissingExtraError
 
 _FORMATS = ("png", "svg", "pdf")
 
@@ -26,9 +26,12 @@ def plot_sweep(result, path: str | Path, *, title: str | None = None) -> Path:
     ring marks each GPU's best batch by throughput among those that fit in
     memory, and configurations that do not fit are drawn faded.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter, LogLocator
+    except ImportError:  # an optional dependency
+        raise MissingExtraError("matplotlib", "plot", "Plots") from None
 
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".") or "png"

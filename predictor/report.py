@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from predictor.errors import MissingExtraError
 from predictor.io import atomic_write_text
 
 MAX_GPUS_PLOTTED = 10
@@ -212,6 +213,10 @@ tr.nofit{color:#999}table.narrow{width:auto;min-width:260px}.note{font-size:12px
 
 def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED) -> tuple[str, dict]:
     """(HTML text, JSON-able data) of the report for a SearchResult."""
+    try:
+        import matplotlib  # noqa: F401  (every plot below draws with it)
+    except ImportError:  # an optional dependency
+        raise MissingExtraError("matplotlib", "plot", "Search reports") from None
     gpus = _plotted_gpus(result, max_gpus)
     plots = {
         "time": _per_gpu_plot(result, gpus, "iteration_ms", "Iteration time per GPU",

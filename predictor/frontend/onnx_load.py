@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
+try:
+    import onnx
+except ImportError:  # an optional dependency
+    from predictor.errors import MissingExtraError
+    raise MissingExtraError("onnx", "onnx", "ONNX files") from None
 import torch
 from onnx import numpy_helper
 
