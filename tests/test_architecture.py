@@ -290,4 +290,5 @@ def test_no_cycle_in_commands():
     files, edges = scan()
     cycles = shortest_cycles({m for m in files if within(m, "predictor.commands")}, edges)
     if cycles:
-        pytest.fail(f"import circles in predictor.commands:\n  {describe(cycles, edges)}", pytrace=False)
+        pytest.fail(f"import circles in predictor.commands:\n  {describe(cycles, edges)}",
+                    pytrace=False)
