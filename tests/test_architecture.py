@@ -279,6 +279,15 @@ def test_core_never_imports_calibration_or_benchmarks():
                     pytrace=False)
 
 
+def test_core_never_imports_the_command_line():
+    _, edges = scan()
+    bad = [e for e in edges if is_core(e.source)
+           and (e.target == "predictor.cli" or within(e.target, "predictor.commands"))]
+    if bad:
+        pytest.fail(listing("arrows point down: the core must not import the command line", bad),
+                    pytrace=False)
+
+
 def test_no_cycle_in_the_core():
     files, edges = scan()
     cycles = shortest_cycles({m for m in files if is_core(m)}, edges)
