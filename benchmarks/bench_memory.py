@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import predictor
-from predictor import memory
+from predictor.frontend import memory_pass
 
 MODELS = ("resnet50", "gpt2-large")
 BATCHES = np.arange(1, 1025, dtype=np.int64)  # 1,024 batch sizes
@@ -29,7 +29,7 @@ def test_memory_pass(graph, benchmark):
 
     spec = fx._spec_for(graph.name, None, None, 0, graph.batch_size, graph.seq_len, None)
     gm, marks, _ = fx._trace_once(spec, "train", "adam", fx.SENTINEL_BATCH)
-    prof = benchmark(memory.profile, gm, marks, fx.SENTINEL_BATCH)
+    prof = benchmark(memory_pass.profile, gm, marks, fx.SENTINEL_BATCH)
     print(f"\n{graph.name}: memory pass over {len(gm.graph.nodes):,} nodes -> {len(prof):,} "
           f"storages: {benchmark.stats.stats.min * 1e3:.1f} ms (best)")
 

@@ -534,8 +534,8 @@ def _record(out: Path, target: str, data: bytes, report: str) -> Path:
 # numba kernels, which cannot compile instrumented code, nor torch and numpy,
 # which would take longer to instrument than most runs.)
 LOADER_MODULES = ("predictor.frontend.onnx_load", "predictor.frontend.onnx_ops",
-                  "predictor.frontend.onnx", "predictor.optable", "predictor.validate",
-                  "predictor.hardware", "predictor.calibration.file", "predictor.search")
+                  "predictor.frontend.onnx", "predictor.optable", "predictor.hardware",
+                  "predictor.calibration.file", "predictor.search")
 
 
 def _instrument_loaders() -> None:

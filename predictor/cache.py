@@ -32,7 +32,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+from predictor import __version__
 from predictor.errors import InvalidArgumentError, PredictorError
+from predictor.optable import Graph
 
 ENV_DIR = "PREDICTOR_CACHE_DIR"
 DEFAULT_DIR = Path("~/.cache/dnn-predictor/graphs")
@@ -85,8 +87,6 @@ def _version(dist: str) -> str | None:
 
 def environment() -> dict[str, Any]:
     """What, besides the model, decides the traced graph."""
-    from predictor import __version__
-
     return {
         "predictor": __version__,
         "sources": source_hash(),
@@ -130,8 +130,6 @@ def _file(key: str, name: str, directory: str | Path | None) -> Path:
 
 def load(key: str, name: str = "graph", directory: str | Path | None = None):
     """The cached Graph for `key`, or None (absent or unreadable)."""
-    from predictor.optable import Graph
-
     path = _file(key, name, directory)
     if not path.is_file():
         return None

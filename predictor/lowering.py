@@ -20,23 +20,10 @@ import numpy as np
 import torch
 import torch.fx
 
-from predictor import families
+from predictor import dtypes, families
 from predictor.families import TensorMeta
 from predictor.kernels import layout as L
 from predictor.optable import OpTable
-
-_DTYPES = {
-    torch.float32: L.F32, torch.float16: L.F16, torch.bfloat16: L.BF16, torch.float64: L.F64,
-    torch.int64: L.I64, torch.int32: L.I32, torch.int8: L.I8, torch.uint8: L.I8,
-    torch.bool: L.BOOL,
-}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = L.F8
-
-
-def dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES.get(dtype, L.F32)
 
 
 @dataclass
@@ -49,8 +36,11 @@ class Lowered:
     host_ops: list[int] = field(default_factory=lambda: [0] * len(L.PHASE_NAMES))
 
 
-class _Scaler:
-    """Maps shapes traced at the sentinel batch to shapes at another batch."""
+class BatchScaler:
+    """Maps shapes traced at the sentinel batch to shapes at another batch: a
+    dim ``k * sentinel`` becomes ``k * batch`` (``sentinel`` None: unchanged).
+    The lowering extracts rows through it; the memory pass asks it which dims
+    carry the batch."""
 
     def __init__(self, sentinel: int | None, batch: int):
         self.sentinel = sentinel
@@ -109,7 +99,7 @@ def _key(x: Any) -> Any:
     return repr(x)
 
 
-def _rows_at(op, node: torch.fx.Node, scaler: _Scaler):
+def _rows_at(op, node: torch.fx.Node, scaler: BatchScaler):
     args = scaler.convert(tuple(node.args))
     kwargs = {k: scaler.convert(v) for k, v in node.kwargs.items()}
     out = scaler.convert(node.meta.get("val"))
@@ -133,8 +123,8 @@ def _row_dtype(node: torch.fx.Node) -> int:
     collect(node.meta.get("val"))
     for t in cands:
         if t.dtype.is_floating_point:
-            return dtype_code(t.dtype)
-    return dtype_code(cands[0].dtype) if cands else L.F32
+            return dtypes.of_torch(t.dtype)
+    return dtypes.of_torch(cands[0].dtype) if cands else L.F32
 
 
 def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int | None,
@@ -142,8 +132,8 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
     """Lower a traced step. `phase_marks` are node indices where backward and the
     optimizer start; `sentinel` is the batch size the trace ran at (None: the
     trace ran at `batch` itself and nothing is rescaled)."""
-    at = (_Scaler(sentinel, 1), _Scaler(sentinel, 2), _Scaler(sentinel, batch))
-    at_sentinel = _Scaler(None, 0)
+    at = (BatchScaler(sentinel, 1), BatchScaler(sentinel, 2), BatchScaler(sentinel, batch))
+    at_sentinel = BatchScaler(None, 0)
     cache: dict[Any, tuple] = {}
     rows: dict[tuple, int] = {}
     op_names: list[str] = []
@@ -183,21 +173,11 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
             row_key = (fam, phase, dt, kern, base, slope, op_index[name])
             rows[row_key] = rows.get(row_key, 0) + 1
 
-    n = len(rows)
-    table = OpTable(
-        family=np.empty(n, np.int64), phase=np.empty(n, np.int64), dtype=np.empty(n, np.int64),
-        count=np.empty(n, np.int64), kernels=np.empty(n, np.int64),
-        dbase=np.zeros((n, L.MAX_DIMS), np.int64), dslope=np.zeros((n, L.MAX_DIMS), np.int64),
-        op=np.empty(n, np.int64), op_names=op_names)
-    for i, ((fam, phase, dt, kern, base, slope, opi), cnt) in enumerate(rows.items()):
-        table.family[i], table.phase[i], table.dtype[i] = fam, phase, dt
-        table.kernels[i], table.op[i], table.count[i] = kern, opi, cnt
-        table.dbase[i, :len(base)] = base
-        table.dslope[i, :len(slope)] = slope
+    table = OpTable.from_rows(rows, op_names, where="traced graph")
     return Lowered(table, unsupported, scalable, host_ops)
 
 
-def _extract(op, node, at: tuple[_Scaler, _Scaler, _Scaler], at_sentinel: _Scaler,
+def _extract(op, node, at: tuple[BatchScaler, BatchScaler, BatchScaler], at_sentinel: BatchScaler,
              sentinel: int | None):
     """Rows of one distinct op as (family, base dims, slope dims, kernels);
     `at` converts shapes to batch 1, batch 2 and the requested batch."""

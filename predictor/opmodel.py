@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from predictor import hardware
+from predictor import dtypes, hardware
 from predictor.errors import InvalidArgumentError, PredictorError
 from predictor.kernels import layout as L
 from predictor.kernels.optime import isolated_times_us
@@ -116,10 +116,6 @@ def predict_rows(family: np.ndarray, dims: np.ndarray, gpus: Sequence[str] | str
 
 # ---------------------------------------------------------------- predict_op --
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-
-
 def _op_call(op: str, tensors: list, attrs: dict):
     """A callable that runs `op` on meta tensors the way PyTorch users call it."""
     import torch
@@ -203,13 +199,12 @@ def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = 
     """
     import torch
 
-    from predictor.lowering import dtype_code
-
     hardware.get(gpu)  # unknown GPU -> clear error before any work
     origin_id, measured_ms = _check_origin(origin)
-    if dtype not in _DTYPES:
+    dtype_code = dtypes.ALIASES.get(dtype)
+    if dtype_code not in dtypes.OP_DTYPES:
         raise InvalidArgumentError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
-    tdt = getattr(torch, _DTYPES[dtype])
+    tdt = getattr(torch, dtypes.name(dtype_code))
     try:
         tensors = [torch.empty(tuple(int(s) for s in shape), dtype=tdt, device="meta")
                    for shape in shapes]
@@ -227,7 +222,7 @@ def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = 
     dims = np.zeros((len(rows), L.MAX_DIMS), dtype=np.int64)
     for i, (_, d, _) in enumerate(rows):
         dims[i, :len(d)] = d
-    code = np.full(len(rows), dtype_code(tdt), dtype=np.int64)
+    code = np.full(len(rows), dtype_code, dtype=np.int64)
     t = float(predict_rows(fam, dims, gpu, code).sum())
     if origin_id is None:
         return t

@@ -1,9 +1,14 @@
-"""The OpTable (columnar op list) and the Graph that carries it.
+"""The OpTable (columnar op list), the MemoryProfile, the Graph that carries
+both, and the Graph's file format with the checks that guard the kernels.
 
 One row per distinct GPU kernel family invocation; identical rows are merged
 with a count. Dims are stored as an affine function of the batch size,
 ``dims(b) = dbase + dslope * b``, so a graph traced once is evaluated at any
 batch size with integer arithmetic and no retracing.
+
+Everything a Graph holds is defined here, next to it, so that the frontends
+that build one, the engine and memory model that evaluate it and the file
+format that stores it all depend on this module and it on none of them.
 """
 
 from __future__ import annotations
@@ -11,20 +16,27 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from predictor import dtypes
 from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.io import atomic_writer
 from predictor.kernels import layout as L
+from predictor.kernels.memory import peak_memory
 from predictor.kernels.work import work_table
 
-if TYPE_CHECKING:
-    from predictor.memory import MemoryProfile
+# Sizes of GEMM-like rows that must be >= 1 for a kernel to run at all (the
+# kernels divide by them): the first GEMM_DIMS[family] dims of a row.
+GEMM_DIMS = {L.MATMUL: 4, L.CONV: 11, L.CONV_DGRAD: 11, L.CONV_WGRAD: 11, L.ATTENTION: 6,
+             L.ATTENTION_BWD: 6, L.LSTM: 4, L.LSTM_BWD: 4}
+# A row's sizes stay below this so that the kernels' int64 products cannot wrap.
+MAX_ROW_SIZE = 1 << 62
 
 
 @dataclass
@@ -51,7 +63,7 @@ class OpTable:
 
     def with_dtype(self, dtype_code: int) -> "OpTable":
         """The same ops with every floating-point row cast to `dtype_code`."""
-        floating = np.isin(self.dtype, (L.F32, L.F16, L.BF16, L.F64))
+        floating = np.isin(self.dtype, dtypes.OVERRIDABLE)
         new = np.where(floating, dtype_code, self.dtype).astype(np.int64)
         return OpTable(self.family, self.phase, new, self.count, self.kernels, self.dbase,
                        self.dslope, self.op, self.op_names)
@@ -61,6 +73,128 @@ class OpTable:
         z = np.zeros(0, dtype=np.int64)
         d = np.zeros((0, L.MAX_DIMS), dtype=np.int64)
         return OpTable(z, z, z, z, z, d, d, z, [])
+
+    @classmethod
+    def from_rows(cls, rows: Mapping[tuple, int], op_names: list[str],
+                  where: str = "graph") -> "OpTable":
+        """The table of the rows a frontend merged, ``{(family, phase, dtype,
+        kernels, base dims, slope dims, op index): count}``, in their order.
+
+        A GEMM-like row whose size is 0 at every batch (a zero-size weight)
+        launches no kernel and is dropped; a size the kernels' 64-bit
+        arithmetic cannot hold is refused (FileFormatError naming `where`)."""
+        kept = [(key, cnt) for key, cnt in rows.items() if not _empty_gemm(key)]
+        n = len(kept)
+        table = cls(
+            family=np.empty(n, np.int64), phase=np.empty(n, np.int64),
+            dtype=np.empty(n, np.int64), count=np.empty(n, np.int64),
+            kernels=np.empty(n, np.int64), dbase=np.zeros((n, L.MAX_DIMS), np.int64),
+            dslope=np.zeros((n, L.MAX_DIMS), np.int64), op=np.empty(n, np.int64),
+            op_names=op_names)
+        for i, ((fam, phase, dt, kern, base, slope, opi), cnt) in enumerate(kept):
+            if any(abs(v) >= MAX_ROW_SIZE for v in base + slope):
+                raise FileFormatError(f"{where}: an op's size overflows 64-bit integers; "
+                                      "absurd shapes")
+            table.family[i], table.phase[i], table.dtype[i] = fam, phase, dt
+            table.kernels[i], table.op[i], table.count[i] = kern, opi, cnt
+            table.dbase[i, :len(base)] = base
+            table.dslope[i, :len(slope)] = slope
+        return table
+
+
+def _empty_gemm(key: tuple) -> bool:
+    fam, base, slope = key[0], key[4], key[5]
+    width = GEMM_DIMS.get(fam, 0)
+    return any(b == 0 and s == 0 for b, s in zip(base[:width], slope[:width]))
+
+
+# ------------------------------------------------------------ memory profile --
+# What a storage of the step holds (MemoryProfile.category).
+PARAMETERS = 0
+BUFFERS = 1
+OPTIMIZER_STATE = 2
+INPUTS = 3
+ACTIVATIONS = 4   # forward tensors kept for backward
+GRADIENTS = 5     # parameter gradients
+TEMPORARIES = 6   # everything else: forward temporaries, gradients of activations, optimizer temporaries
+WORKSPACE = 7     # library workspaces inside one op (cuDNN, flash-attention backward)
+CATEGORY_NAMES = ("parameters", "buffers", "optimizer_state", "inputs", "activations",
+                  "gradients", "temporaries", "workspace")
+
+
+@dataclass
+class MemoryProfile:
+    """Every storage of one traced step: size ``coef * b**power`` elements of
+    dtype ``dtype``, alive from op ``alloc`` to op ``free`` (inclusive)."""
+
+    coef: np.ndarray       # float64[n]
+    power: np.ndarray      # int64[n]
+    dtype: np.ndarray      # int64[n] layout dtype code
+    alloc: np.ndarray      # int64[n]
+    free: np.ndarray       # int64[n]
+    category: np.ndarray   # int64[n]
+    cap: np.ndarray        # int64[n] size cap in bytes (0: none), for workspaces
+    n_steps: int
+    phase_marks: tuple[int, ...] = ()
+    training: bool = True
+
+    def __len__(self) -> int:
+        return int(self.coef.shape[0])
+
+    def _itemsize(self, dtype_code: int | None) -> np.ndarray:
+        codes = self.dtype
+        if dtype_code is not None:
+            floating = np.isin(codes, dtypes.FLOATING) & (self.category != WORKSPACE)
+            codes = np.where(floating, dtype_code, codes)
+        return np.asarray(L.DTYPE_BYTES, dtype=np.int64)[codes]
+
+    def bytes_at(self, batch: int, dtype_code: int | None = None) -> np.ndarray:
+        """Exact bytes of every storage at `batch` (no allocator rounding)."""
+        elems = np.ceil(self.coef * float(batch) ** self.power - 1e-9)
+        size = elems.astype(np.int64) * self._itemsize(dtype_code)
+        return np.where(self.cap > 0, np.minimum(size, self.cap), size)
+
+    def peak(self, batches: Iterable[int] | int, *, dtype_code: int | None = None,
+             rounding: bool = True, workspaces: bool = True):
+        """(allocated, reserved, step): peak tensor bytes per batch size, the
+        segments holding them (``rounding``: caching allocator; else both are
+        exact tensor bytes) and the op index at which the peak occurs."""
+        b = np.atleast_1d(np.asarray(batches, dtype=np.int64))
+        keep = slice(None) if workspaces else self.category != WORKSPACE
+        out_a = np.zeros(len(b), np.int64)
+        out_r = np.zeros(len(b), np.int64)
+        out_s = np.zeros(len(b), np.int64)
+        itemsize = self._itemsize(dtype_code)
+        coef, power, alloc, free = self.coef[keep], self.power[keep], self.alloc[keep], self.free[keep]
+        itemsize, cap = itemsize[keep], self.cap[keep]
+        peak_memory(coef, power, itemsize, cap, alloc, free, self.n_steps, b, int(rounding),
+                    out_a, out_r, out_s)
+        return out_a, out_r, out_s
+
+    def breakdown(self, batch: int, dtype_code: int | None = None) -> dict[str, float | str]:
+        """Bytes by category alive at the peak of `batch` (allocator-rounded),
+        and the phase (forward, backward, optimizer) the peak falls in."""
+        _, _, step = self.peak([batch], dtype_code=dtype_code)
+        t = int(step[0])
+        size = self.bytes_at(batch, dtype_code)
+        size = np.where(size > 0, (size + 511) // 512 * 512, 0)
+        live = (self.alloc <= t) & (self.free >= t)
+        out = {name: float(size[live & (self.category == c)].sum())
+               for c, name in enumerate(CATEGORY_NAMES)}
+        out["peak_phase"] = self.phase_at(t)
+        return out
+
+    def phase_at(self, step: int) -> str:
+        phase = 0
+        for i, mark in enumerate(self.phase_marks):
+            if step >= mark:
+                phase = i + 1
+        return L.PHASE_NAMES[min(phase, len(L.PHASE_NAMES) - 1)]
+
+    def category_bytes(self, category: int, batch: int = 1, dtype_code: int | None = None) -> int:
+        """Total bytes of one category's storages at `batch` (not a peak: a sum)."""
+        return int(self.bytes_at(batch, dtype_code)[self.category == category].sum())
+
 
 
 @dataclass
@@ -83,9 +217,9 @@ class Graph:
     # aten ops the host dispatches per phase, kernel-free views included (the
     # CPU launch-overhead term, predictor.overhead); empty: not recorded.
     host_ops: list[int] = field(default_factory=list)
-    # Storages of the step with their liveness (predictor.memory); None when
-    # the frontend did not run the memory pass.
-    memory: "MemoryProfile | None" = field(default=None, repr=False)
+    # Storages of the step with their liveness (predictor.frontend.memory_pass);
+    # None when the frontend did not run the memory pass.
+    memory: MemoryProfile | None = field(default=None, repr=False)
 
     def check_batch(self, batch_size: int | None) -> int:
         b = self.batch_size if batch_size is None else batch_size
@@ -202,8 +336,6 @@ def load_graph(path: str | Path) -> Graph:
     except (KeyError, TypeError, ValueError, AttributeError, ImportError,
             UnicodeDecodeError, RecursionError) as exc:
         raise FileFormatError(f"{path} is not a saved graph ({exc})") from None
-    from predictor.validate import check_graph
-
     return check_graph(graph, f"{path} (saved graph)")  # codes and sizes the kernels can take
 
 
@@ -250,3 +382,167 @@ def _decode(value, arrays: dict):
         raise ValueError(f"{module}:{name} is not a dataclass")
     known = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: _decode(v, arrays) for k, v in value["fields"].items() if k in known})
+
+
+# ---- checks: a Graph read from disk (or built by hand) the engine can evaluate --
+# Every array of the right shape and integer type, every code in range, every
+# size non-negative and below what 64-bit arithmetic in the kernels can hold.
+# The numba kernels index tables with these codes and multiply these dims
+# without bounds checks, so a corrupt or hostile file must stop here, with a
+# one-line FileFormatError naming it, never reach them (where it would give a
+# wrong number, an exception from deep inside, or a crashed process).
+
+# A dim at batch 1, and its growth per sample, are at most this (2^40 elements
+# in one dim is 4 TiB of fp32: no model has that).
+MAX_DIM = 1 << 40
+MAX_BATCH = 1 << 31
+MAX_COUNT = 1 << 40
+MAX_KERNELS = 1 << 20
+
+
+def _int_array(a: Any, name: str, ndim: int, bad) -> np.ndarray:
+    if not isinstance(a, np.ndarray) or a.ndim != ndim or a.dtype.kind not in "iu":
+        raise bad(f"{name} must be a {ndim}-D integer array")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise bad(f"{name} holds values beyond 64-bit integers")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _in_range(a: np.ndarray, lo: int, hi: int, name: str, bad) -> None:
+    if a.size and (int(a.min()) < lo or int(a.max()) >= hi):
+        raise bad(f"{name} has values outside {lo}..{hi - 1}")
+
+
+def _whole(value: Any, name: str, lo: int, hi: int, bad, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            not lo <= int(value) <= hi:
+        raise bad(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
+
+
+def check_optable(ops: Any, where: str = "graph") -> None:
+    """Validate an OpTable in place (its arrays become contiguous int64)."""
+    def bad(msg: str) -> FileFormatError:
+        return FileFormatError(f"{where}: {msg}")
+
+    if not isinstance(ops, OpTable):
+        raise bad("no op table")
+    cols = {}
+    for name in ("family", "phase", "dtype", "count", "kernels", "op"):
+        cols[name] = _int_array(getattr(ops, name), f"ops.{name}", 1, bad)
+    n = len(cols["family"])
+    if any(len(a) != n for a in cols.values()):
+        raise bad("the op table's columns have different lengths")
+    for name in ("dbase", "dslope"):
+        a = _int_array(getattr(ops, name), f"ops.{name}", 2, bad)
+        if a.shape != (n, L.MAX_DIMS):
+            raise bad(f"ops.{name} has shape {a.shape}, expected ({n}, {L.MAX_DIMS})")
+        cols[name] = a
+    names = ops.op_names
+    if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
+        raise bad("ops.op_names must be a list of op names")
+    _in_range(cols["family"], 0, L.N_FAMILIES, "ops.family", bad)
+    _in_range(cols["phase"], 0, len(L.PHASE_NAMES), "ops.phase", bad)
+    _in_range(cols["dtype"], 0, len(L.DTYPE_NAMES), "ops.dtype", bad)
+    _in_range(cols["count"], 0, MAX_COUNT, "ops.count", bad)
+    _in_range(cols["kernels"], 0, MAX_KERNELS, "ops.kernels", bad)
+    _in_range(cols["op"], 0, max(len(names), 1), "ops.op", bad)
+    if n and not names:
+        raise bad("ops.op_names is empty")
+    base, slope = cols["dbase"], cols["dslope"]
+    _in_range(slope, 0, MAX_DIM + 1, "ops.dslope", bad)
+    _in_range(base + slope, 0, MAX_DIM + 1, "the op dims at batch 1", bad)
+    _in_range(base, -MAX_DIM, MAX_DIM + 1, "ops.dbase", bad)
+    # GEMM-like rows need every size >= 1 (the kernels divide by them).
+    at1 = base + slope
+    fam = cols["family"]
+    for codes, what in (((L.MATMUL,), "matmul"),
+                        ((L.CONV, L.CONV_DGRAD, L.CONV_WGRAD), "convolution"),
+                        ((L.ATTENTION, L.ATTENTION_BWD), "attention"),
+                        ((L.LSTM, L.LSTM_BWD), "LSTM")):
+        width = GEMM_DIMS[codes[0]]
+        rows = np.isin(fam, codes)
+        if rows.any() and int(at1[rows, :width].min()) < 1:
+            raise bad(f"a {what} row has a size below 1")
+    conv = np.isin(fam, (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD))
+    if conv.any():
+        c, k, groups = at1[conv, 1], at1[conv, 4], at1[conv, 9]
+        if np.any(c % groups) or np.any(k % groups):
+            raise bad("a convolution row's groups do not divide its channels")
+    attn = np.isin(fam, (L.ATTENTION, L.ATTENTION_BWD))
+    if attn.any() and not np.isin(at1[attn, 6], (0, 1)).all():
+        raise bad("an attention row's causal flag is not 0 or 1")
+    for name, a in cols.items():
+        setattr(ops, name, a)
+
+
+def check_graph(graph: Any, where: str = "graph"):
+    """Validate a Graph (fields and op table); returns it."""
+    def bad(msg: str) -> FileFormatError:
+        return FileFormatError(f"{where}: {msg}")
+
+    if not isinstance(graph, Graph):
+        raise bad("no graph inside")
+    if not isinstance(graph.name, str):
+        raise bad(f"the model name must be text, got {type(graph.name).__name__}")
+    if graph.mode not in ("train", "inference"):
+        raise bad(f"mode must be 'train' or 'inference', got {graph.mode!r}")
+    if graph.optimizer is not None and graph.optimizer not in ("adam", "adamw", "sgd"):
+        raise bad(f"unknown optimizer {graph.optimizer!r}")
+    _whole(graph.batch_size, "batch_size", 1, MAX_BATCH, bad)
+    _whole(graph.seq_len, "seq_len", 1, MAX_BATCH, bad, optional=True)
+    for name in ("parameters", "trainable_parameters", "parameter_bytes"):
+        _whole(getattr(graph, name), name, 0, 1 << 62, bad)
+    if not isinstance(graph.batch_scalable, (bool, np.bool_)):
+        raise bad("batch_scalable must be true or false")
+    unsupported = graph.unsupported
+    if not isinstance(unsupported, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            and v >= 0 for k, v in unsupported.items()):
+        raise bad("unsupported must map op names to counts")
+    seconds = getattr(graph, "trace_seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not math.isfinite(seconds) or seconds < 0:
+        raise bad(f"trace_seconds must be a non-negative number, got {seconds!r}")
+    host = getattr(graph, "host_ops", [])
+    if not isinstance(host, list) or len(host) not in (0, len(L.PHASE_NAMES)) or not all(
+            isinstance(h, (int, np.integer)) and not isinstance(h, bool) and 0 <= h < MAX_COUNT
+            for h in host):
+        raise bad(f"host_ops must be {len(L.PHASE_NAMES)} op counts, got {host!r}")
+    check_optable(graph.ops, where)
+    if len(graph.ops) == 0:
+        # A time of 0 ms would be a wrong answer, not a prediction.
+        raise bad("the model computes nothing from its inputs (no ops): nothing to predict")
+    memory = getattr(graph, "memory", None)
+    if memory is not None:
+        _check_memory(memory, bad)
+    return graph
+
+
+def _check_memory(mem: Any, bad) -> None:
+    if not isinstance(mem, MemoryProfile):
+        raise bad("the memory profile is not one")
+    cols = {}
+    for name in ("power", "dtype", "alloc", "free", "category", "cap"):
+        cols[name] = _int_array(getattr(mem, name), f"memory.{name}", 1, bad)
+    coef = mem.coef
+    if not isinstance(coef, np.ndarray) or coef.ndim != 1 or coef.dtype.kind != "f":
+        raise bad("memory.coef must be a 1-D float array")
+    n = len(coef)
+    if any(len(a) != n for a in cols.values()):
+        raise bad("the memory profile's columns have different lengths")
+    if n and (not np.all(np.isfinite(coef)) or float(coef.min()) < 0 or float(coef.max()) > 2.0 ** 50):
+        raise bad("memory.coef must be finite sizes")
+    _whole(mem.n_steps, "memory.n_steps", 0, 1 << 40, bad)
+    _in_range(cols["power"], 0, 5, "memory.power", bad)
+    _in_range(cols["dtype"], 0, len(L.DTYPE_NAMES), "memory.dtype", bad)
+    _in_range(cols["alloc"], 0, int(mem.n_steps) + 1, "memory.alloc", bad)
+    _in_range(cols["free"], 0, int(mem.n_steps) + 1, "memory.free", bad)
+    _in_range(cols["category"], 0, 64, "memory.category", bad)
+    _in_range(cols["cap"], 0, 1 << 50, "memory.cap", bad)
+    if n and np.any(cols["alloc"] > cols["free"]):
+        raise bad("memory: a storage freed before it is allocated")
+    for name, a in cols.items():
+        setattr(mem, name, a)
+    mem.coef = np.ascontiguousarray(coef, dtype=np.float64)

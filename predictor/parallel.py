@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from predictor import memory
 from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
 
 ALLREDUCE_EFFICIENCY = 0.75
 HOP_LATENCY_US = 5.0
@@ -75,14 +77,10 @@ def exposed_comm_ms(backward_ms: np.ndarray, grad_bytes: float, n: int, gpu) -> 
 
 def gradient_bytes(graph, dtype_code: int | None = None) -> float:
     """Bytes of parameter gradients one step produces."""
-    from predictor import memory
-
     prof = getattr(graph, "memory", None)
     if prof is not None:
         g = prof.category_bytes(memory.GRADIENTS, 1, dtype_code)
         if g > 0:
             return float(g)
-    from predictor.kernels import layout as L
-
     item = L.DTYPE_BYTES[dtype_code] if dtype_code is not None else 4
     return float(graph.trainable_parameters * item)

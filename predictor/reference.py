@@ -30,6 +30,7 @@ from predictor.kernels import layout as L
 from predictor.kernels import mlp as M
 from predictor.kernels import roofline as R
 from predictor.kernels import work as W
+from predictor.overhead import HOST_DISPATCH_US, HOST_LAUNCH_US
 
 _FLOATING = (L.F32, L.F16, L.BF16, L.F64)
 
@@ -345,8 +346,6 @@ def _plain(*arrays):
 
 def host_phase_ms(graph) -> list[float]:
     """Host time of each phase (ms): a dispatch per aten op, a launch per kernel."""
-    from predictor.overhead import HOST_DISPATCH_US, HOST_LAUNCH_US
-
     ops = graph.ops
     phases = range(len(L.PHASE_NAMES))
     recorded = list(getattr(graph, "host_ops", None) or [])

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
 
 
@@ -222,8 +223,6 @@ class SweepResult:
         among the configurations that fit in memory (``fitting=False``: among
         all). A GPU on which nothing fits has no row."""
         if objective not in ("throughput", "time"):
-            from predictor.errors import InvalidArgumentError
-
             raise InvalidArgumentError(
                 f"unknown objective {objective!r}; choose 'throughput' or 'time'")
         df = self.to_pandas()

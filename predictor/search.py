@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from predictor import hardware, memory, parallel
+from predictor import dtypes, engine, hardware, memory, parallel
 from predictor.errors import InvalidArgumentError
 
 OBJECTIVES = ("time", "cost", "throughput")
@@ -251,8 +251,6 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
     """
     import pandas as pd
 
-    from predictor import engine
-
     if objective not in OBJECTIVES:
         raise InvalidArgumentError(f"objective must be one of {', '.join(OBJECTIVES)}, "
                                    f"got {objective!r}")
@@ -274,7 +272,7 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
                        tf32_matmul=tf32_matmul, tf32_conv=tf32_conv,
                        max_memory_fraction=max_memory_fraction)
     chosen = hardware.database().resolve(res.gpus)
-    code = engine._dtype_code(dtype)
+    code = dtypes.parse(dtype)
     batches = res.batch_sizes
     compute_ms = res.iteration_ms
     comm_ms = np.zeros_like(compute_ms)

@@ -109,7 +109,7 @@ def graphs(draw):
                   dbase=np.array([r[5] for r in rs], dtype=np.int64),
                   dslope=np.array([r[6] for r in rs], dtype=np.int64),
                   op=np.zeros(n, dtype=np.int64), op_names=["op"])
-    from predictor.validate import check_graph
+    from predictor.optable import check_graph
 
     return check_graph(Graph(name="random", ops=ops, batch_size=1, mode="train"))
 

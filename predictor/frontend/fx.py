@@ -24,9 +24,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
+from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
-from predictor import memory
-from predictor.frontend import optimizers
+from predictor.frontend import memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
 from predictor.lowering import lower
 from predictor.optable import Graph
@@ -123,8 +123,6 @@ def _batch_of(x: Any, batch_dim: int | None) -> int | None:
 
 def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_dim: int | None,
               batch_size: int | None, seq_len: int | None, name: str | None) -> _Spec:
-    from predictor import zoo
-
     if isinstance(model, str):
         if model.lower().endswith(".onnx"):
             raise InvalidArgumentError(
@@ -286,7 +284,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
             f"could not trace {spec.name}: {_one_line(exc)} (check the example inputs' shapes; "
             "data-dependent control flow cannot be traced)") from exc
     lowered = lower(gm, marks, sentinel, spec.batch_size)
-    mem = memory.profile(gm, marks if mode == "train" else (), sentinel)
+    mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel)
     graph = Graph(
         name=spec.name, ops=lowered.table, batch_size=spec.batch_size, mode=mode,
         optimizer=optimizer, seq_len=spec.seq_len, parameters=counts[0],

@@ -53,7 +53,7 @@ except ImportError:  # an optional dependency
 import torch
 from onnx import numpy_helper
 
-from predictor import families
+from predictor import dtypes, families
 from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.families import TensorMeta
 from predictor.frontend import training_synthesis as synthesis
@@ -67,7 +67,7 @@ from predictor.frontend.onnx_ops import (
     _sdpa_attentions, _unsupported,
 )
 from predictor.kernels import layout as L
-from predictor.optable import Graph, OpTable
+from predictor.optable import Graph, OpTable, check_graph
 
 aten = torch.ops.aten
 
@@ -404,18 +404,11 @@ def _affine(call: Call, sentinel: int | None, batch: int):
 
 
 def _call_dtype(call: Call) -> int:
-    from predictor.lowering import dtype_code
-
     cands = families.tensors(call.args) + families.tensors(call.out)
     for t in cands:
         if t.dtype.is_floating_point:
-            return dtype_code(t.dtype)
-    return dtype_code(cands[0].dtype) if cands else L.F32
-
-
-# Dims of GEMM-like rows that must be non-zero for the kernel to run at all.
-_GEMM_WIDTH = {L.MATMUL: 4, L.CONV: 11, L.CONV_DGRAD: 11, L.CONV_WGRAD: 11, L.ATTENTION: 6,
-               L.ATTENTION_BWD: 6, L.LSTM: 4, L.LSTM_BWD: 4}
+            return dtypes.of_torch(t.dtype)
+    return dtypes.of_torch(cands[0].dtype) if cands else L.F32
 
 
 def _table(phases: list[list[Call]], sentinel: int | None, batch: int, p: Path
@@ -446,25 +439,9 @@ def _table(phases: list[list[Call]], sentinel: int | None, batch: int, p: Path
                 index[name] = len(names)
                 names.append(name)
             for fam, base, slope, kern in extracted:
-                width = _GEMM_WIDTH.get(fam, 0)
-                if any(b == 0 and s == 0 for b, s in zip(base[:width], slope[:width])):
-                    continue  # an empty GEMM (a zero-size weight): no kernel runs
                 k = (fam, phase, dt, kern, base, slope, index[name])
                 rows[k] = rows.get(k, 0) + 1
-    n = len(rows)
-    table = OpTable(
-        family=np.empty(n, np.int64), phase=np.empty(n, np.int64), dtype=np.empty(n, np.int64),
-        count=np.empty(n, np.int64), kernels=np.empty(n, np.int64),
-        dbase=np.zeros((n, L.MAX_DIMS), np.int64), dslope=np.zeros((n, L.MAX_DIMS), np.int64),
-        op=np.empty(n, np.int64), op_names=names)
-    for i, ((fam, phase, dt, kern, base, slope, opi), cnt) in enumerate(rows.items()):
-        if any(abs(v) >= 1 << 62 for v in base + slope):
-            raise FileFormatError(f"{p}: an op's size overflows 64-bit integers; absurd shapes")
-        table.family[i], table.phase[i], table.dtype[i] = fam, phase, dt
-        table.kernels[i], table.op[i], table.count[i] = kern, opi, cnt
-        table.dbase[i, :len(base)] = base
-        table.dslope[i, :len(slope)] = slope
-    return table, scalable
+    return OpTable.from_rows(rows, names, where=str(p)), scalable
 
 
 # ============================================================ the entry point ==
@@ -482,8 +459,6 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
     loss: "mean" (of the first output, the fx frontend's default) or
         "cross_entropy" (one per floating output, over its last dim).
     """
-    from predictor.frontend import optimizers
-
     start = time.perf_counter()
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
@@ -535,8 +510,6 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
         batch_scalable=scalable and sentinel is not None,
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__)
     _set_host_ops(graph, lowered)
-    from predictor.validate import check_graph
-
     return check_graph(graph, str(p))  # what the kernels can take, or a clear error
 
 

@@ -1,0 +1,63 @@
+"""The one dtype table: names and torch dtypes -> the kernels' dtype codes.
+
+Every layer speaks of dtypes: the user passes ``dtype="bf16"``, the frontends
+see ``torch.bfloat16`` on traced tensors, the OpTable and the memory profile
+store ``predictor.kernels.layout`` codes. One module maps between them so that
+they cannot drift apart. It sits just above the kernels' layout and imports
+nothing else of the project but the errors, and never torch: a torch dtype is
+read by its name.
+"""
+
+from __future__ import annotations
+
+from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
+
+# What a user may write for a dtype (``dtype=`` of predict, sweep, predict_op).
+ALIASES = {
+    "float32": L.F32, "fp32": L.F32, "float": L.F32,
+    "float16": L.F16, "fp16": L.F16, "half": L.F16,
+    "bfloat16": L.BF16, "bf16": L.BF16,
+    "float64": L.F64, "fp64": L.F64, "double": L.F64,
+}
+
+# torch dtypes by name (``str(torch.bfloat16)`` without "torch."); any other
+# dtype is priced as fp32.
+_TORCH_NAMES = {
+    "float32": L.F32, "float16": L.F16, "bfloat16": L.BF16, "float64": L.F64,
+    "int64": L.I64, "int32": L.I32, "int8": L.I8, "uint8": L.I8, "bool": L.BOOL,
+    "float8_e4m3fn": L.F8, "float8_e5m2": L.F8,
+}
+
+# Rows a dtype override recasts (OpTable.with_dtype): fp8 rows keep their dtype.
+OVERRIDABLE = (L.F32, L.F16, L.BF16, L.F64)
+# Storages a dtype override resizes (the memory profile): every floating one.
+FLOATING = (L.F32, L.F16, L.BF16, L.F64, L.F8)
+# What predict_op can build its meta tensors in.
+OP_DTYPES = (L.F32, L.F16, L.BF16)
+
+_BY_TORCH: dict = {}
+
+
+def parse(dtype) -> int | None:
+    """The code of a user-given dtype (a name or a torch dtype); None stays None."""
+    if dtype is None:
+        return None
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in ALIASES:
+        raise InvalidArgumentError(
+            f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16, float64")
+    return ALIASES[key]
+
+
+def of_torch(dtype) -> int:
+    """The code of a torch dtype (fp32 for one the kernels do not know)."""
+    code = _BY_TORCH.get(dtype)
+    if code is None:
+        code = _BY_TORCH[dtype] = _TORCH_NAMES.get(str(dtype).replace("torch.", ""), L.F32)
+    return code
+
+
+def name(code: int) -> str:
+    """The dtype's name (``torch.<name>`` for the floating ones but fp8)."""
+    return L.DTYPE_NAMES[code]
