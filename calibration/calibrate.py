@@ -5,7 +5,8 @@ local device (CUDA when present, else the CPU) at one or more batch sizes,
 times the real training step at the same batch sizes, and returns a
 :class:`~predictor.calibration.file.Calibration`. The engine then predicts
 each op as *measured x f(target) / f(origin)*, with ``f`` the pure-mode model:
-the model's bias cancels in the ratio.
+the model's bias cancels in the ratio (``predictor.calibrated``: evaluating a
+calibration is the core's; measuring one is this package's).
 
     >>> g = predictor.trace(model, inputs)
     >>> cal = predictor.calibrate(g)                      # minutes at most
@@ -29,9 +30,17 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import numpy as np
+import torch
 
+from predictor.calibrated import model_params_for
+from predictor.calibration.device import probe, resolve_device
+from predictor.calibration.file import Calibration, OverheadModel, graph_fingerprint, load, now_iso
+from predictor.calibration.measure import measure_table
+from predictor.calibration.step import StepUnavailable, build_step, step_samples
+from predictor.engine import model_params
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
+from predictor.kernels.grid import evaluate_ops
 
 # Timing samples per op (each sample is at least `MIN_SAMPLE_S` long).
 DEFAULT_REPEATS = {"cpu": 5, "cuda": 15}
@@ -54,25 +63,9 @@ def _batch_sizes(graph, batch_sizes: Iterable[int] | int | None) -> list[int]:
     return out
 
 
-def model_params_for(device_info, params: np.ndarray) -> np.ndarray:
-    """The per-op model's parameters for ratios anchored on `device_info`.
-
-    On a CPU every op pays the dispatcher's fixed cost, which plays the role of
-    a GPU's launch overhead in the model: the measured value replaces it, so
-    the ratio of a small op at two batch sizes keeps its fixed part."""
-    from predictor.kernels.roofline import P_LAUNCH_US
-
-    p = np.array(params, dtype=np.float64, copy=True)
-    if device_info.is_cpu and device_info.op_overhead_us:
-        p[P_LAUNCH_US] = float(device_info.op_overhead_us)
-    return p
-
-
 def origin_model_us(ops, batch: int, device_info, params: np.ndarray) -> np.ndarray:
     """Pure-model time of one execution of every row at `batch` on the
     calibrated device (for rows that could not be measured)."""
-    from predictor.kernels.grid import evaluate_ops
-
     out = np.zeros(len(ops))
     none = (np.zeros(0), np.zeros(0, dtype=np.int64), device_info.features)
     evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(batch),
@@ -82,8 +75,6 @@ def origin_model_us(ops, batch: int, device_info, params: np.ndarray) -> np.ndar
 
 
 def _settings(device, device_info, clock: str, repeats: int, graph) -> dict:
-    import torch
-
     cuda = torch.version.cuda if device.type == "cuda" else None
     cudnn = torch.backends.cudnn.version() if device.type == "cuda" else None
     return {
@@ -128,8 +119,6 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         so that a harness can interleave its own measurements with the
         calibration's and both see the same state of a shared machine.
     """
-    import torch
-
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
@@ -141,12 +130,6 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
                              spec_id=spec_id, clock=clock, progress=progress, on_pass=on_pass)
         finally:
             torch.set_num_threads(before)
-
-    from predictor.calibration.device import probe, resolve_device
-    from predictor.calibration.file import Calibration, OverheadModel, graph_fingerprint, now_iso
-    from predictor.calibration.measure import measure_table
-    from predictor.calibration.step import StepUnavailable, build_step, step_samples
-    from predictor.engine import model_params
 
     if clock not in ("wall", "cpu"):
         raise InvalidArgumentError(f"clock must be 'wall' or 'cpu', got {clock!r}")
@@ -230,8 +213,6 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
 
 
 def _step_failed(batch: int, exc: BaseException, dev) -> str:
-    import torch
-
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return (f"real iteration at batch {batch} not measured: "
@@ -240,19 +221,7 @@ def _step_failed(batch: int, exc: BaseException, dev) -> str:
 
 def load_calibration(path, graph=None):
     """Read a calibration file (checked against `graph` when given)."""
-    from predictor.calibration.file import load
-
     return load(path, graph)
 
 
-def check_target(calibration, gpu_id: str) -> None:
-    """A CPU calibration predicts that CPU only."""
-    if calibration.is_cpu and gpu_id != calibration.device:
-        raise InvalidArgumentError(
-            f"{calibration.where()} was measured on a CPU; it predicts that CPU at other batch "
-            f"sizes (gpu='{calibration.device}'), not {gpu_id}: CPU and GPU kernels differ too "
-            "much for a ratio of models to bridge them. Calibrate on a GPU, or predict without "
-            "a calibration")
-
-
-__all__ = ["calibrate", "load_calibration", "check_target", "model_params_for", "origin_model_us"]
+__all__ = ["calibrate", "load_calibration", "origin_model_us"]

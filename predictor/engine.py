@@ -11,22 +11,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from predictor import hardware as gpudb
+from predictor import calibrated, dtypes, hardware, opmodel, overhead
 from predictor import memory as memmodel
-from predictor import overhead
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
+from predictor.kernels.optime import learned_rows
 from predictor.kernels.roofline import P_TF32_CONV, P_TF32_MATMUL, default_params
 from predictor.optable import Graph
 from predictor.results import Prediction, SweepResult
-
-_DTYPE_ALIASES = {
-    "float32": L.F32, "fp32": L.F32, "float": L.F32,
-    "float16": L.F16, "fp16": L.F16, "half": L.F16,
-    "bfloat16": L.BF16, "bf16": L.BF16,
-    "float64": L.F64, "fp64": L.F64, "double": L.F64,
-}
 
 
 # No calibration: every row is predicted.
@@ -41,8 +34,6 @@ def _mlp() -> np.ndarray:
     model only) unless a validation harness swapped others in."""
     if _WEIGHTS_OVERRIDE:
         return _WEIGHTS_OVERRIDE[-1]
-    from predictor import opmodel
-
     return opmodel.weights()
 
 
@@ -52,10 +43,8 @@ def using_weights(mlp: np.ndarray):
     trained without the GPU being evaluated: leave-one-GPU-out). `mlp` is a
     packed weight array as `predictor.calibration.train.train` returns it
     (empty: the analytical model alone)."""
-    from predictor.opmodel import layout_problem
-
     w = np.ascontiguousarray(mlp, dtype=np.float64)
-    problem = layout_problem(w)
+    problem = opmodel.layout_problem(w)
     if problem:
         raise InvalidArgumentError(f"not a packed op-model weight array: {problem}")
     _WEIGHTS_OVERRIDE.append(w)
@@ -68,19 +57,7 @@ def using_weights(mlp: np.ndarray):
 def predicted_basis(ops) -> np.ndarray:
     """Per-row basis of a prediction without calibration: learned where a
     learned model serves the row's family, analytical elsewhere."""
-    from predictor.kernels.optime import learned_rows
-
     return np.where(learned_rows(ops.family, _mlp()), L.BASIS_LEARNED, L.BASIS_ANALYTICAL)
-
-
-def _dtype_code(dtype) -> int | None:
-    if dtype is None:
-        return None
-    key = str(dtype).replace("torch.", "").lower()
-    if key not in _DTYPE_ALIASES:
-        raise InvalidArgumentError(
-            f"unknown dtype {dtype!r}; choose one of float32, float16, bfloat16, float64")
-    return _DTYPE_ALIASES[key]
 
 
 def model_params(tf32_matmul: bool | None = None, tf32_conv: bool | None = None) -> np.ndarray:
@@ -112,28 +89,27 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
           max_memory_fraction: float = memmodel.DEFAULT_MAX_MEMORY_FRACTION) -> SweepResult:
     """Times (and peak memory) of the traced step for every (GPU, batch size).
 
-    calibration: a :class:`predictor.calibration.file.Calibration` of this
-        graph: measured op times are scaled to each GPU and batch size
-        (measured x model ratio) instead of predicted.
+    calibration: a calibration of this graph (``predictor.calibrate``, or
+        ``predictor.load_calibration``): measured op times are scaled to each
+        GPU and batch size (measured x model ratio) instead of predicted
+        (``predictor.calibrated``).
     max_memory_fraction: a configuration fits when its predicted peak memory is
         at most this fraction of the GPU's memory (see predictor.memory).
     """
-    db = gpudb.database()
+    db = hardware.database()
     if calibration is not None:
-        from predictor.calibration import scaling
-
-        chosen = scaling.resolve_targets(calibration, gpus, db)
+        chosen = calibrated.resolve_targets(calibration, gpus, db)
     else:
         chosen = db.resolve(gpus)
     batches = _batches(graph, batch_sizes)
-    code = _dtype_code(dtype)
+    code = dtypes.parse(dtype)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     feats = db.features(chosen)
     params = model_params(tf32_matmul, tf32_conv)
     out = np.zeros((len(chosen), len(batches), len(L.PHASE_NAMES)))
     if calibration is not None:
-        scaling.check_compatible(calibration, graph, ops, tf32_matmul, tf32_conv)
-        out, exposed = scaling.evaluate_grid(calibration, graph, ops, batches,
+        calibrated.check_compatible(calibration, graph, ops, tf32_matmul, tf32_conv)
+        out, exposed = calibrated.evaluate_grid(calibration, graph, ops, batches,
                                              [g.id for g in chosen], feats, params, _mlp())
     else:
         evaluate_grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
@@ -163,20 +139,18 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
     """Predicted time of one iteration of `graph` on `gpu` at `batch_size`
     (with `calibration`: measured op times scaled to `gpu`; see `sweep`)."""
     if calibration is not None:
-        from predictor.calibration import scaling
-
-        g = scaling.resolve_targets(calibration, [gpu], gpudb.database())[0]
+        g = calibrated.resolve_targets(calibration, [gpu], hardware.database())[0]
     else:
-        g = gpudb.get(gpu)
+        g = hardware.get(gpu)
     b = graph.check_batch(batch_size)
     res = sweep(graph, [g.id], [b], dtype=dtype, tf32_matmul=tf32_matmul, tf32_conv=tf32_conv,
                 calibration=calibration, max_memory_fraction=max_memory_fraction)
-    code = _dtype_code(dtype)
+    code = dtypes.parse(dtype)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     per_op = np.zeros(len(ops))
     basis = None
     if calibration is not None:
-        per_op, basis = scaling.evaluate_ops(calibration, ops, b, g.features,
+        per_op, basis = calibrated.evaluate_ops(calibration, ops, b, g.features,
                                              model_params(tf32_matmul, tf32_conv), _mlp())
     else:
         evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import predictor
 from predictor import hardware
-from predictor.calibration import scaling
+from predictor import calibrated
 from predictor.calibration.device import DeviceInfo, cpu_features, match_gpu
 from predictor.calibration.file import (FORMAT, VERSION, Calibration, OverheadModel,
                                         graph_fingerprint, load)
@@ -317,8 +317,8 @@ def test_fresh_memory_cost_only_above_threshold(cnn_graph):
     feats = cpu_features(50.0, 10.0, 1)
     info = DeviceInfo(kind="cpu", id="cpu", name="x", features=feats, op_overhead_us=5.0,
                       alloc_threshold_bytes=32 * 2**20, alloc_us_per_mib=800.0)
-    assert not scaling.fresh_memory_us(cnn_graph.ops, 2, info).any()
-    big = scaling.fresh_memory_us(cnn_graph.ops, 4096, info)
+    assert not calibrated.fresh_memory_us(cnn_graph.ops, 2, info).any()
+    big = calibrated.fresh_memory_us(cnn_graph.ops, 4096, info)
     assert big.max() > 0
     first_conv = int(np.flatnonzero(cnn_graph.ops.family == L.CONV)[0])
     # 4096 x 8 x 16 x 16 fp32 outputs = 32 MiB exactly

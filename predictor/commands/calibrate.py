@@ -138,10 +138,10 @@ def target_gpus(args: argparse.Namespace) -> list[str]:
 
     path = getattr(args, "calibration", None)
     if path:
-        from predictor.calibration import scaling
+        from predictor import calibrated
         from predictor.calibration.file import load
 
         cal = load(path)
         if cal.is_cpu:
-            return [g.id for g in scaling.resolve_targets(cal, args.gpus, hardware.database())]
+            return [g.id for g in calibrated.resolve_targets(cal, args.gpus, hardware.database())]
     return [g.id for g in hardware.database().resolve(args.gpus)]

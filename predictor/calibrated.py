@@ -1,4 +1,11 @@
-"""From a calibration to what the engine's kernels take, per prediction.
+"""Calibrated prediction: a calibration evaluated on a target GPU and batch.
+
+A calibration (``predictor.calibration`` measures one and keeps it in a file)
+holds measured op times on one device. Predicting from it is the engine's
+business, so it lives in the core; the core reads a calibration through its
+interface only (``device_info``, ``kernel_args``, ``check_graph``,
+``overhead``, ``settings``, ``batch_sizes``) and never imports the package
+that measures and fits.
 
 The kernels scale each measured row by a ratio of model predictions
 (``predictor.kernels.grid``): ``t = cal_us * f(row at b, gpu) / f(row at
@@ -25,9 +32,37 @@ from __future__ import annotations
 
 import numpy as np
 
+from predictor import overhead as host
+from predictor.errors import InvalidArgumentError
+from predictor.hardware import GPU
 from predictor.kernels import layout as L
+from predictor.kernels.grid import evaluate_grid as grid
+from predictor.kernels.grid import evaluate_ops as per_op
+from predictor.kernels.roofline import P_LAUNCH_US
 
 MIB = 2.0 ** 20
+
+
+def model_params_for(device_info, params: np.ndarray) -> np.ndarray:
+    """The per-op model's parameters for ratios anchored on `device_info`.
+
+    On a CPU every op pays the dispatcher's fixed cost, which plays the role of
+    a GPU's launch overhead in the model: the measured value replaces it, so
+    the ratio of a small op at two batch sizes keeps its fixed part."""
+    p = np.array(params, dtype=np.float64, copy=True)
+    if device_info.is_cpu and device_info.op_overhead_us:
+        p[P_LAUNCH_US] = float(device_info.op_overhead_us)
+    return p
+
+
+def check_target(calibration, gpu_id: str) -> None:
+    """A CPU calibration predicts that CPU only."""
+    if calibration.is_cpu and gpu_id != calibration.device:
+        raise InvalidArgumentError(
+            f"{calibration.where()} was measured on a CPU; it predicts that CPU at other batch "
+            f"sizes (gpu='{calibration.device}'), not {gpu_id}: CPU and GPU kernels differ too "
+            "much for a ratio of models to bridge them. Calibrate on a GPU, or predict without "
+            "a calibration")
 
 
 def output_elems(family: np.ndarray, dims: np.ndarray) -> np.ndarray:
@@ -92,8 +127,6 @@ class Scaling:
     target batch size."""
 
     def __init__(self, calibration, ops, batch: int, params: np.ndarray):
-        from predictor.calibration.calibrate import model_params_for
-
         cal = calibration
         self.cal_us, self.cal_batch, self.origin = cal.kernel_args(batch)
         info = cal.device_info
@@ -125,9 +158,6 @@ def resolve_targets(calibration, gpus, db) -> list:
 
     A CPU calibration serves its own CPU only (``"cpu"``; ``None`` means it);
     a GPU calibration serves any GPU in the database."""
-    from predictor.calibration.calibrate import check_target
-    from predictor.hardware import GPU
-
     info = calibration.device_info
     if info.is_cpu:
         names = ["cpu"] if gpus is None else (
@@ -142,8 +172,6 @@ def resolve_targets(calibration, gpus, db) -> list:
 
 def check_compatible(calibration, graph, ops, tf32_matmul=None, tf32_conv=None) -> None:
     """Refuse predictions the measurements cannot anchor."""
-    from predictor.errors import InvalidArgumentError
-
     calibration.check_graph(graph)
     if not np.array_equal(ops.dtype, graph.ops.dtype):
         raise InvalidArgumentError(
@@ -175,9 +203,6 @@ def evaluate_grid(calibration, graph, ops, batches: np.ndarray, gpu_ids: list[st
     On the calibrated device the overhead is the measured one
     (``Calibration.overhead``, spread over the phases by their share); on
     other GPUs it is the engine's host-dispatch model."""
-    from predictor import overhead as host
-    from predictor.kernels.grid import evaluate_grid as grid
-
     info = calibration.device_info
     if info.is_cpu:
         mlp = np.zeros(0)  # the learned models know GPUs, not CPUs
@@ -208,8 +233,6 @@ def evaluate_grid(calibration, graph, ops, batches: np.ndarray, gpu_ids: list[st
 def evaluate_ops(calibration, ops, batch: int, gpu_row: np.ndarray, params: np.ndarray,
                  mlp: np.ndarray, default_basis: np.ndarray | None = None):
     """(per-row us of one execution, per-row basis codes) at `batch` on one GPU."""
-    from predictor.kernels.grid import evaluate_ops as per_op
-
     if calibration.is_cpu:
         mlp = np.zeros(0)
     s = Scaling(calibration, ops, int(batch), params)
