@@ -124,7 +124,7 @@ def test_sweep_speed(benchmark, graphs, gpu_ids, machine_peak, model, weights, c
     graph, _ = graphs[model]
     mlp = engine._mlp() if weights == "learned" else np.zeros(0)
     if weights == "learned" and mlp.shape[0] == 0:
-        pytest.skip("no learned weights shipped (calibration/weights/opmodels.npz)")
+        pytest.skip("no learned weights shipped (predictor/weights/opmodels.npz)")
     n_cfg = len(gpu_ids) * len(BATCHES)
     with mock.patch.object(engine, "_mlp", lambda: mlp):
         engine.sweep(graph, gpu_ids, BATCHES)  # compile or load from the cache

@@ -14,7 +14,7 @@ predicted to measured time, i.e. relative error, the quantity reported.
 Training uses torch (on CPU, seeded); prediction uses only the flat weight
 array and the numba forward pass in ``predictor.kernels.mlp``.
 
-    predictor train-models --data ../shared/data/neusight --out calibration/weights
+    predictor train-models --data ../shared/data/neusight --out predictor/weights
 """
 
 from __future__ import annotations

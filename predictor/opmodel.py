@@ -85,7 +85,7 @@ def read_weights(path) -> tuple[np.ndarray, dict]:
 @functools.lru_cache(maxsize=1)
 def shipped() -> tuple[np.ndarray, dict]:
     """The weights shipped with the package (empty: analytical model only)."""
-    ref = resources.files("predictor.calibration").joinpath("weights", WEIGHTS)
+    ref = resources.files("predictor").joinpath("weights", WEIGHTS)
     if not ref.is_file():
         return np.zeros(0), {}
     with resources.as_file(ref) as path:

@@ -27,9 +27,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from predictor import opmodel
     from predictor.calibration import train as T
 
-    out = Path(args.out) if args.out else Path(T.__file__).resolve().parent / "weights"
+    out = Path(args.out) if args.out else Path(opmodel.__file__).resolve().parent / "weights"
     bar = tqdm(total=args.epochs * len(T.SHIPPED_GROUPS), desc="training", unit="epoch", leave=False)
     mlp, meta = T.train_from_data(args.data, out, seed=args.seed, epochs=args.epochs,
                                   progress=bar.update)
