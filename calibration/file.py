@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from predictor.calibration.device import DeviceInfo
 from predictor.errors import FileFormatError
+from predictor.io import atomic_writer
 
 FORMAT = "dnn-predictor-calibration"
 VERSION = 1
@@ -230,8 +232,6 @@ class Calibration:
 
     def save(self, path) -> Path:
         """Write the calibration to `path` (.npz), atomically."""
-        from predictor.io import atomic_writer
-
         path = Path(path)
         text = json.dumps(self.header(), indent=1, sort_keys=True)
         with atomic_writer(path, "wb") as f:
@@ -246,8 +246,6 @@ def now_iso() -> str:
 
 def load(path, graph=None) -> Calibration:
     """Read a calibration file; with `graph`, also check it belongs to that graph."""
-    import torch
-
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:

@@ -16,7 +16,6 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.fx
 
