@@ -29,7 +29,7 @@ from predictor import hardware
 from predictor.calibration.datasets import OpSamples, load_train
 from predictor.kernels import features as F
 from predictor.kernels import layout as L
-from predictor.kernels.mlp import HEADER
+from predictor.kernels.mlp import HEADER, layer_offsets
 from predictor.kernels.roofline import P_TF32_CONV, default_params
 
 # Winograd and FFT convolutions do up to 2.25x fewer multiplies than the direct
@@ -66,9 +66,17 @@ class GroupModel:
     eta_max: float
 
     def flat(self) -> np.ndarray:
+        """This group's weights laid out as ``predictor.kernels.mlp.layer_offsets``
+        says (from offset 0)."""
         (w1, b1), (w2, b2), (w3, b3) = self.layers
-        return np.concatenate([self.mean, self.std, w1.ravel(), b1, w2.ravel(), b2,
-                               w3.ravel(), np.atleast_1d(b3)]).astype(np.float64)
+        parts = [np.ravel(p) for p in (self.mean, self.std, w1, b1, w2, b2, w3, b3)]
+        *starts, end = layer_offsets.py_func(0, len(self.mean), w1.shape[0], w2.shape[0])
+        if [b - a for a, b in zip(starts, [*starts[1:], end])] != [p.size for p in parts]:
+            raise ValueError("network shapes do not match the weight layout")
+        out = np.empty(end, dtype=np.float64)
+        for start, part in zip(starts, parts):
+            out[start:start + part.size] = part
+        return out
 
 
 def features(samples: OpSamples, params: np.ndarray | None = None):

@@ -23,6 +23,23 @@ HEADER = 8
 
 
 @njit(cache=True)
+def layer_offsets(off, n_in, h1, h2):
+    """Where each array of a group's network starts in the flat weight array,
+    for a group whose weights start at `off`: (mean, std, W1, b1, W2, b2, w3,
+    b3, end), `end` one past b3. The one definition of the layout above, for
+    the forward passes, the layout check and the writer."""
+    mean = off
+    std = mean + n_in
+    w1 = std + n_in
+    b1 = w1 + h1 * n_in
+    w2 = b1 + h1
+    b2 = w2 + h2 * h1
+    w3 = b2 + h2
+    b3 = w3 + h2
+    return mean, std, w1, b1, w2, b2, w3, b3, b3 + 1
+
+
+@njit(cache=True)
 def has_group(mlp, group):
     if mlp.shape[0] == 0 or group < 0 or group >= int(mlp[0]):
         return False
@@ -44,14 +61,7 @@ def efficiency(mlp, group, x, hidden):
     h1 = int(mlp[h + 2])
     h2 = int(mlp[h + 3])
     eta_max = mlp[h + 4]
-    mean = off
-    std = mean + n_in
-    w1 = std + n_in
-    b1 = w1 + h1 * n_in
-    w2 = b1 + h1
-    b2 = w2 + h2 * h1
-    w3 = b2 + h2
-    b3 = w3 + h2
+    mean, std, w1, b1, w2, b2, w3, b3, _ = layer_offsets(off, n_in, h1, h2)
     # tanh activations: cheap, smooth, and bounded for inputs far outside training.
     z = mlp[b3]
     for j in range(h1):

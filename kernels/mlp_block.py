@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import njit
 
-from predictor.kernels.mlp import HEADER
+from predictor.kernels.mlp import HEADER, layer_offsets
 
 
 # 1/k! for the Taylor series of exp on |r| <= 40/128 (truncation < 1e-16).
@@ -97,14 +97,7 @@ def efficiency_block(mlp, group, x, n, eta, zbuf, hbuf, acc):
     h1 = int(mlp[h + 2])
     h2 = int(mlp[h + 3])
     eta_max = mlp[h + 4]
-    mean = off
-    std = mean + n_in
-    w1 = std + n_in
-    b1 = w1 + h1 * n_in
-    w2 = b1 + h1
-    b2 = w2 + h2 * h1
-    w3 = b2 + h2
-    b3 = w3 + h2
+    mean, std, w1, b1, w2, b2, w3, b3, _ = layer_offsets(off, n_in, h1, h2)
     for i in range(n_in):  # normalised inputs, one row per feature
         m = mlp[mean + i]
         s = mlp[std + i]

@@ -36,7 +36,7 @@ def layout_problem(mlp: np.ndarray) -> str | None:
     past its end or divides by a zero scale. An empty array is valid: no
     learned models, the analytical model alone."""
     from predictor.kernels.features import N_FEATURES, N_GROUPS
-    from predictor.kernels.mlp import HEADER
+    from predictor.kernels.mlp import HEADER, layer_offsets
     from predictor.kernels.optime import MAX_HIDDEN
 
     if mlp.ndim != 1 or not np.isfinite(mlp).all():
@@ -52,11 +52,11 @@ def layout_problem(mlp: np.ndarray) -> str | None:
         if n_in != N_FEATURES or not (1 <= h1 <= MAX_HIDDEN) or h2 < 1 \
                 or off != int(off) or h1 != int(h1) or h2 != int(h2):
             return f"group {g}: bad shape ({n_in:g} inputs, {h1:g} x {h2:g} hidden)"
-        n_in, h1, h2, off = int(n_in), int(h1), int(h2), int(off)
-        size = 2 * n_in + h1 * n_in + h1 + h2 * h1 + h2 + h2 + 1
-        if off < 1 + HEADER * N_GROUPS or off + size > mlp.size:
+        # py_func: Python ints, so a huge count in a damaged file cannot overflow.
+        mean, std, *_, end = layer_offsets.py_func(int(off), int(n_in), int(h1), int(h2))
+        if mean < 1 + HEADER * N_GROUPS or end > mlp.size:
             return f"group {g}: weights run past the end of the array"
-        if not eta_max > 0 or floor < 0 or not (mlp[off + n_in:off + 2 * n_in] > 0).all():
+        if not eta_max > 0 or floor < 0 or not (mlp[std:std + int(n_in)] > 0).all():
             return f"group {g}: non-positive efficiency bound, floor or feature scale"
     return None
 
