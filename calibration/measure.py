@@ -520,13 +520,6 @@ def host_clock(name: str) -> Callable[[], float]:
     return CLOCKS[name]
 
 
-def time_runner(fn: Runner, device: torch.device, repeats: int = 7, min_sample_s: float = 2e-3,
-                warmup_s: float = 0.02, clock: str = "wall") -> float:
-    """Median time of one call of `fn`, microseconds (`repeats` samples)."""
-    return float(statistics.median(sample_runner(fn, device, repeats, min_sample_s, warmup_s,
-                                                 clock)))
-
-
 def sample_runner(fn: Runner, device: torch.device, samples: int = 1, min_sample_s: float = 2e-3,
                   warmup_s: float = 0.02, clock: str = "wall", min_warmup_calls: int = 2
                   ) -> list[float]:

@@ -42,7 +42,7 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     """Time of one execution of a row on one GPU, microseconds."""
     group = group_of(family)
     if not has_group(mlp, group):
-        return analytical_time_us(family, dtype_code, kernels, d, gpu, params, mlp)
+        return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
     x = np.empty(N_FEATURES)
     hidden = np.empty(MAX_HIDDEN)
     row_features(family, dtype_code, d, gpu, params, x)
@@ -60,7 +60,7 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     model with one launch otherwise."""
     group = group_of(family)
     if not has_group(mlp, group):
-        return analytical_time_us(family, dtype_code, 1, d, gpu, params, mlp)
+        return analytical_time_us(family, dtype_code, 1, d, gpu, params)
     x = np.empty(N_FEATURES)
     hidden = np.empty(MAX_HIDDEN)
     row_features(family, dtype_code, d, gpu, params, x)

@@ -16,8 +16,6 @@ fitting them (``predictor.calibration``) needs no recompilation.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
@@ -114,9 +112,8 @@ def block_slots(gpu, per_sm_cap, threads):
 
 
 @njit(cache=True)
-def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
-    """Time of one execution of a row, microseconds. `mlp` holds the learned
-    models' weights (empty: the analytical model alone)."""
+def op_time_us(family, dtype_code, kernels, d, gpu, params):
+    """Time of one execution of a row, microseconds (the analytical model)."""
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
     blocks, per_sm, threads = thread_blocks(family, d)
@@ -139,15 +136,4 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     if family == L.LSTM or family == L.LSTM_BWD:
         # Recurrent layers run one dependent step after another.
         t += d[0] * params[P_LSTM_STEP_US]
-    return t
-
-
-def op_time_us_py(family: int, dtype_code: int, kernels: int, dims, gpu: np.ndarray,
-                  params: np.ndarray, mlp: np.ndarray | None = None) -> float:
-    """Python entry for a single row (tests, predict_op)."""
-    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
-    d[: len(dims)] = dims
-    w = np.zeros(0) if mlp is None else mlp
-    t = op_time_us(int(family), int(dtype_code), int(kernels), d, gpu, params, w)
-    assert math.isfinite(t)
     return t
