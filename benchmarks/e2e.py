@@ -57,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+from predictor.kernels.roofline import LAUNCH_US
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = Path(os.environ.get("PREDICTOR_DATA", REPO.parent / "shared" / "data" / "neusight"))
 
@@ -687,7 +689,7 @@ def print_breakdown_labels(bd, out=None) -> None:
 
 # ---------------------------------------------- host-overhead constants ----
 
-def fit_overhead(data: Path, gpu_floor_us: float = 2.5, out=None) -> dict[str, float]:
+def fit_overhead(data: Path, gpu_floor_us: float = LAUNCH_US, out=None) -> dict[str, float]:
     """Host dispatch and launch costs from the per-node files of every GPU.
 
     Per host (one per measured GPU): the CUDA-event floor is the median time of

@@ -37,16 +37,22 @@ def state_for(name: str | None, params: list[torch.Tensor]) -> list[list[torch.T
 
 def step(name: str | None, params: list[torch.Tensor], grads: list[torch.Tensor],
          state: list[list[torch.Tensor]], lr: float = 1e-3, weight_decay: float = 0.0) -> None:
-    """One optimizer step over all parameters, mirroring ``_multi_tensor_*``."""
+    """One optimizer step over all parameters, mirroring ``_multi_tensor_*``.
+
+    The hyper-parameters are PyTorch's defaults (torch.optim.Adam, AdamW and
+    SGD docs, https://pytorch.org/docs/stable/optim.html): lr=1e-3,
+    betas=(0.9, 0.999), eps=1e-8, weight_decay=0 for Adam and 1e-2 for AdamW.
+    lr, betas and eps are scalars of the kernels and change no kernel's cost;
+    a non-zero weight_decay adds a kernel to Adam's step."""
     if name is None or not params:
         return
     if name == "sgd":
         torch._foreach_add_(params, grads, alpha=-lr)
         return
     exp_avg, exp_avg_sq = state
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    beta1, beta2, eps = 0.9, 0.999, 1e-8  # torch.optim.Adam/AdamW defaults
     if name == "adamw":
-        torch._foreach_mul_(params, 1 - lr * 0.01)
+        torch._foreach_mul_(params, 1 - lr * 0.01)  # AdamW's default weight_decay=1e-2
     elif weight_decay:
         grads = torch._foreach_add(grads, params, alpha=weight_decay)
     torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
