@@ -22,7 +22,7 @@ import numpy as np
 from benchmarks.accuracy import _gpu_arrays, family_of
 from predictor.calibration import datasets as D
 from predictor.calibration import train as T
-from predictor.kernels import features as F
+from predictor.kernels import features
 from predictor.kernels import layout as L
 from predictor.kernels.work import flops_and_elems
 
@@ -79,7 +79,7 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
         sub = fit_on.subset(mask)
         xm, im, _, _ = model_features(T.doubled(fit_on, seed), drop, add)
         probes = None
-        if group == F.G_MATMUL:
+        if group == features.G_MATMUL:
             pr = T.gemm_probes(sub, seed)
             xp, ip, _, _ = model_features(pr, drop, add)
             xpm, ipm, _, _ = model_features(T.doubled(pr, seed + 1), drop, add)
@@ -99,7 +99,7 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="../shared/data/neusight")
-    ap.add_argument("--group", choices=F.GROUP_NAMES, required=True)
+    ap.add_argument("--group", choices=features.GROUP_NAMES, required=True)
     ap.add_argument("--drop", default="", help="feature columns to zero, comma-separated")
     ap.add_argument("--add", default="", help="candidate columns to append: " +
                     ", ".join(CANDIDATES))
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     for a in add:
         if a not in CANDIDATES:
             ap.error(f"unknown candidate {a!r}; choose from {', '.join(CANDIDATES)}")
-    res = validate(Path(args.data), F.GROUP_NAMES.index(args.group), drop=drop, add=add,
+    res = validate(Path(args.data), features.GROUP_NAMES.index(args.group), drop=drop, add=add,
                    seed=args.seed, epochs=args.epochs)
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}

@@ -110,7 +110,7 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
         interleaved with the `repeats` passes over the ops.
     measure_iteration: also time the real step (needs the model's source; a
         graph loaded from a file has none, and the overhead model stays empty).
-    spec_id: the GPU's id in the spec database when its name does not match one.
+    spec_id: the GPU's id in the GPU database when its name does not match one.
     clock: CPU timer, "wall" or "cpu" (process CPU time: robust on a shared
         machine when torch runs one thread).
     threads: torch's CPU threads while measuring (restored afterwards); the

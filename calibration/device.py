@@ -4,7 +4,7 @@ A calibration's measurements are scaled by a ratio of model predictions, so the
 engine needs the device the measurements came from as a GPU feature row
 (columns ``G_*`` of ``predictor.kernels.layout``):
 
-- a CUDA GPU is looked up in the spec database by its reported name (and its
+- a CUDA GPU is looked up in the GPU database by its reported name (and its
   SM count, to tell apart variants that share a name); its spec id is what
   ``predict(..., gpu=)`` takes;
 - a CPU is not in the database: its id is ``"cpu"`` and its row is built from

@@ -27,14 +27,16 @@ import numpy as np
 
 from predictor import hardware
 from predictor.calibration.datasets import OpSamples, load_train
-from predictor.kernels import features as F
 from predictor.kernels import layout as L
+from predictor.kernels.features import (G_CONV, G_MATMUL, GROUP_NAMES, N_FEATURES, N_GROUPS,
+                                        feature_table, improvement_directions,
+                                        shift_features)
 from predictor.kernels.mlp import HEADER, layer_offsets
 from predictor.kernels.roofline import P_TF32_CONV, default_params
 
 # Winograd and FFT convolutions do up to 2.25x fewer multiplies than the direct
 # formula counts for 3x3 filters, so a conv can beat "100 %" of the direct roofline.
-ETA_MAX = {F.G_CONV: 2.5}
+ETA_MAX = {G_CONV: 2.5}
 HIDDEN = (32, 32)
 # Groups whose learned model ships: all five. Leave-one-GPU-out on the test
 # shapes (python -m benchmarks.accuracy, mean over held-out GPUs except P4)
@@ -44,7 +46,7 @@ HIDDEN = (32, 32)
 # vs 10.2 %); a trial with matmul, elementwise and softmax analytical made the
 # end-to-end harness much worse (20.8 % / 35.9 % mean error, inference /
 # training, against 9.0 % / 10.3 % all learned; see benchmarks/README.md).
-SHIPPED_GROUPS = tuple(range(F.N_GROUPS))
+SHIPPED_GROUPS = tuple(range(N_GROUPS))
 MONOTONE_WEIGHT = 50.0
 WEIGHTS_FILE = "opmodels.npz"
 
@@ -87,7 +89,7 @@ def features(samples: OpSamples, params: np.ndarray | None = None):
     gpus = db.features([db.get(i) for i in ids])
     index = np.array([ids.index(g) for g in samples.gpu], dtype=np.int64)
     dtype = np.zeros(len(samples), dtype=np.int64)
-    x, ideal, group = F.feature_table(samples.family.astype(np.int64), dtype,
+    x, ideal, group = feature_table(samples.family.astype(np.int64), dtype,
                                       np.ascontiguousarray(samples.dims), gpus, index, params)
     return x, ideal, group, samples.latency_ms * 1e3
 
@@ -157,9 +159,9 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     yt = torch.tensor(np.log(target_us), dtype=torch.float32)
     # Feature-space steps of "this GPU, better" (see features.improvement_directions).
     # (Extra columns past N_FEATURES, candidates in benchmarks.feature_selection, stay put.)
-    better = [(torch.tensor((F.shift_features(x, np.pad(v, (0, x.shape[1] - len(v)))) - mean)
+    better = [(torch.tensor((shift_features(x, np.pad(v, (0, x.shape[1] - len(v)))) - mean)
                             / std, dtype=torch.float32), sc, sm)
-              for v, sc, sm in F.improvement_directions()]
+              for v, sc, sm in improvement_directions()]
     # The compute and memory parts of the ideal time, recovered from features 0 and 1.
     t_c = torch.tensor(np.exp2(x[:, 0]), dtype=torch.float32)
     t_m = torch.tensor(np.exp2(x[:, 1]), dtype=torch.float32)
@@ -223,11 +225,11 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
 
 def pack(models: dict[int, GroupModel]) -> np.ndarray:
     """The flat weight array read by ``predictor.kernels.mlp``."""
-    header = np.zeros(1 + HEADER * F.N_GROUPS)
-    header[0] = F.N_GROUPS
+    header = np.zeros(1 + HEADER * N_GROUPS)
+    header[0] = N_GROUPS
     body = []
     offset = len(header)
-    for g in range(F.N_GROUPS):
+    for g in range(N_GROUPS):
         m = models.get(g)
         if m is None:
             continue
@@ -246,14 +248,14 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
     x, ideal, group, target = features(samples)
     x_more, ideal_more, _, _ = features(doubled(samples, seed))
     models = {}
-    for g in range(F.N_GROUPS):
+    for g in range(N_GROUPS):
         if groups is not None and g not in groups:
             continue
         mask = group == g
         if mask.sum() < 50:
             continue
         probes = None
-        if g == F.G_MATMUL:  # its rows are the MATMUL family's, in order
+        if g == G_MATMUL:  # its rows are the MATMUL family's, in order
             probe = gemm_probes(samples.subset(mask), seed)
             x_p, ideal_p, _, _ = features(probe)
             x_pm, ideal_pm, _, _ = features(doubled(probe, seed + 1))
@@ -283,8 +285,8 @@ def train_from_data(data: str | Path, out: str | Path, *, seed: int = 0, epochs:
     samples = load_train(data)
     mlp = train(samples, seed=seed, epochs=epochs, progress=progress, groups=SHIPPED_GROUPS)
     meta = {"format": 1, "seed": seed, "epochs": epochs, "hidden": list(HIDDEN),
-            "shipped_groups": [F.GROUP_NAMES[g] for g in SHIPPED_GROUPS],
-            "features": F.N_FEATURES, "groups": list(F.GROUP_NAMES),
+            "shipped_groups": [GROUP_NAMES[g] for g in SHIPPED_GROUPS],
+            "features": N_FEATURES, "groups": list(GROUP_NAMES),
             "gpus": sorted(set(samples.gpu)), "samples": int(len(samples))}
     save(Path(out) / WEIGHTS_FILE, mlp, meta)
     return mlp, meta

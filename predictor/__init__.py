@@ -37,8 +37,8 @@ def __getattr__(name: str):
         from predictor import engine
         return getattr(engine, name)
     if name in ("gpus", "load_specs"):
-        from predictor import hardware as _g
-        return getattr(_g, name)
+        from predictor import hardware
+        return getattr(hardware, name)
     if name in ("calibrate", "load_calibration"):
         from predictor.calibration import calibrate as _c
         return getattr(_c, name)

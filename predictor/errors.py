@@ -14,7 +14,7 @@ class UnknownModelError(PredictorError, KeyError):
 
 
 class UnknownGPUError(PredictorError, KeyError):
-    """A GPU id that is not in the spec database."""
+    """A GPU id that is not in the GPU database."""
 
     def __str__(self) -> str:
         return self.args[0] if self.args else ""
@@ -36,6 +36,14 @@ class FileFormatError(PredictorError, ValueError):
     """A file the tool reads (an ONNX model, a calibration, a saved graph) that is
     missing, truncated, corrupt or of an unsupported version; the message names
     the file and the problem."""
+
+
+class WeightsError(PredictorError):
+    """The shipped or user-given op-model weights file cannot be used."""
+
+
+class WriteError(PredictorError, OSError):
+    """A file could not be written (missing folder, no permission, disk full)."""
 
 
 class MissingExtraError(PredictorError, ImportError):

@@ -22,11 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from predictor.errors import PredictorError
-
-
-class WriteError(PredictorError, OSError):
-    """A file could not be written (missing folder, no permission, disk full)."""
+from predictor.errors import PredictorError, WriteError
 
 
 def _fsync_dir(folder: Path) -> None:

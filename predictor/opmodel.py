@@ -18,16 +18,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from predictor import dtypes, hardware
-from predictor.errors import InvalidArgumentError, PredictorError
+from predictor.errors import InvalidArgumentError, WeightsError
 from predictor.kernels import layout as L
 from predictor.kernels.optime import isolated_times_us
 from predictor.kernels.roofline import default_params
 
 WEIGHTS = "opmodels.npz"
-
-
-class WeightsError(PredictorError):
-    """The shipped or user-given weights file cannot be used."""
 
 
 def layout_problem(mlp: np.ndarray) -> str | None:

@@ -25,7 +25,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from predictor.kernels import features as F
+from predictor.kernels import features
 from predictor.kernels import layout as L
 from predictor.kernels import mlp as M
 from predictor.kernels import roofline as R
@@ -178,17 +178,17 @@ def analytical_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[i
 
 def group_of(family: int) -> int:
     if family == L.MATMUL:
-        return F.G_MATMUL
+        return features.G_MATMUL
     if family in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
-        return F.G_CONV
+        return features.G_CONV
     if family in (L.SOFTMAX, L.SOFTMAX_BWD):
-        return F.G_SOFTMAX
+        return features.G_SOFTMAX
     if family in (L.LAYER_NORM, L.LAYER_NORM_BWD):
-        return F.G_LAYER_NORM
+        return features.G_LAYER_NORM
     if family in (L.ELEMENTWISE, L.DROPOUT, L.COPY, L.FILL, L.LOSS, L.OPTIMIZER,
                   L.UNSUPPORTED):
-        return F.G_ELEMENTWISE
-    return F.G_NONE
+        return features.G_ELEMENTWISE
+    return features.G_NONE
 
 
 def _lg(x: float) -> float:
@@ -221,14 +221,14 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     sms = gpu[L.G_SMS]
     blocks, per_sm, threads = thread_blocks(family, d)
     slots = block_slots(gpu, per_sm, threads)
-    x = [0.0] * F.N_FEATURES
+    x = [0.0] * features.N_FEATURES
     x[0] = _lg((flops + 1.0) / peak * 1e6)
     x[1] = _lg((nbytes + 1.0) / bw * 1e6)
     x[2] = min(_lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw), 0.0)
     x[3] = _lg(blocks / sms)
     x[4] = wave_utilisation(blocks, slots)
     x[5] = _lg(_cdiv(blocks, slots))
-    if group_of(family) in (F.G_ELEMENTWISE, F.G_SOFTMAX, F.G_LAYER_NORM):
+    if group_of(family) in (features.G_ELEMENTWISE, features.G_SOFTMAX, features.G_LAYER_NORM):
         x[6] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
     if _is_gemm(family):
         bt, m, n, k = gemm_shape(family, d)
@@ -238,7 +238,7 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
             x[15], x[16] = _lg(d[5]), _lg(d[10])
         elif bt == 1:
             x[15] = 1.0 if int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T else 0.0
-        for t, (tm, tn, per) in enumerate(F.TILES):
+        for t, (tm, tn, per) in enumerate(features.TILES):
             x[17 + t] = wave_utilisation(bt * _cdiv(m, tm) * _cdiv(n, tn), int(sms) * per)
     else:
         x[7] = _lg(elems)

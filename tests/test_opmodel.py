@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import predictor
 from predictor import hardware, opmodel
+from predictor.errors import WeightsError
 from predictor.kernels import layout as L
 from predictor.opmodel import predict_op, predict_rows
 
@@ -127,7 +128,7 @@ def test_graph_predictions_say_learned():
 def test_bad_weights_file(tmp_path):
     bad = tmp_path / "opmodels.npz"
     bad.write_bytes(b"not a zip file at all")
-    with pytest.raises(opmodel.WeightsError, match="opmodels.npz"):
+    with pytest.raises(WeightsError, match="opmodels.npz"):
         opmodel.read_weights(bad)
 
 
@@ -150,7 +151,7 @@ def test_damaged_weights_are_refused_with_the_file_name(tmp_path):
     for i, bad in enumerate((cut, bad_shape, zero_scale)):
         path = tmp_path / f"damaged{i}.npz"
         T.save(path, bad, meta)
-        with pytest.raises(opmodel.WeightsError, match=f"damaged{i}.npz"):
+        with pytest.raises(WeightsError, match=f"damaged{i}.npz"):
             opmodel.read_weights(path)
 
 

@@ -615,7 +615,8 @@ def test_killed_graph_save_leaves_the_previous_graph(saved_graph, tmp_path):
 
 
 def test_atomic_write_errors_are_one_line(tmp_path):
-    from predictor.io import WriteError, atomic_write_bytes
+    from predictor.errors import WriteError
+    from predictor.io import atomic_write_bytes
 
     blocker = tmp_path / "file"
     blocker.write_text("x")

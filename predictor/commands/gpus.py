@@ -1,4 +1,4 @@
-"""`predictor gpus`: the spec database."""
+"""`predictor gpus`: the GPU database."""
 
 from __future__ import annotations
 
