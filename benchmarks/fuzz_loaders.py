@@ -474,7 +474,7 @@ def run_loader(target: str, path: Path, work: Path) -> None:
         _finite_positive(predictor.predict(g, "A100-SXM4-80GB", calibration=cal).iteration_ms,
                          "calibration")
     elif target == "prices":
-        from predictor.search import load_prices
+        from predictor.design_search import load_prices
 
         load_prices(path)
 
@@ -535,7 +535,7 @@ def _record(out: Path, target: str, data: bytes, report: str) -> Path:
 # which would take longer to instrument than most runs.)
 LOADER_MODULES = ("predictor.frontend.onnx_load", "predictor.frontend.onnx_ops",
                   "predictor.frontend.onnx", "predictor.optable", "predictor.hardware",
-                  "predictor.calibration.file", "predictor.search")
+                  "predictor.calibration.file", "predictor.design_search")
 
 
 def _instrument_loaders() -> None:

@@ -43,10 +43,8 @@ def __getattr__(name: str):
         from predictor.calibration import calibrate as _c
         return getattr(_c, name)
     if name == "search":
-        # The module predictor.search is itself callable: predictor.search(graph, ...)
-        # works whether or not the submodule was imported first.
-        import importlib
-        return importlib.import_module("predictor.search")
+        from predictor.design_search import search
+        return search
     if name == "predict_op":
         from predictor.opmodel import predict_op
         return predict_op

@@ -545,7 +545,7 @@ def test_bad_calibration_files(tmp_path):
 
 
 def test_bad_price_files(tmp_path):
-    from predictor.search import load_prices
+    from predictor.design_search import load_prices
 
     for name, text in (("p.toml", "T4 = 'cheap'\n"), ("p.json", "{nope"), ("p.toml", "[[[")):
         path = tmp_path / name

@@ -16,7 +16,7 @@ import predictor
 from predictor import hardware, parallel
 from predictor import report as report_mod
 from predictor.cli import main
-from predictor.search import load_prices, parse_price
+from predictor.design_search import load_prices, parse_price
 
 GPUS = ["T4", "L4", "A10G", "V100-SXM2-32GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "MI300X"]
 BATCHES = [1, 4, 16, 64, 256, 1024, 16384]

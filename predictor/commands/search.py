@@ -89,7 +89,7 @@ def add_parser(sub) -> None:
 
 
 def _prices(items: list[str]) -> dict[str, float]:
-    from predictor.search import load_prices, parse_price
+    from predictor.design_search import load_prices, parse_price
 
     out: dict[str, float] = {}
     for item in items:
@@ -120,7 +120,7 @@ def _constraints(items: list[str]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     from predictor import hardware
     from predictor.commands.sweep import load_graph
-    from predictor.search import search
+    from predictor.design_search import search
 
     load_specs(args.spec)
     hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing

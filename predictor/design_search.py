@@ -14,24 +14,22 @@ rest follow, ranked the same way, so a table shows what *would* be best with
 a bigger GPU. ``SearchResult.pareto()`` is the set of fitting configurations
 that no other one beats on both time and cost.
 
-Prices are the spec database's indicative on-demand $/GPU-hour (with their
+Prices are the GPU database's indicative on-demand $/GPU-hour (with their
 date), overridable per GPU (``prices={"H100-SXM5-80GB": 2.49}`` or
 :func:`load_prices` of a TOML/JSON file). With ``gpus_per_node=N`` each
 configuration is N GPUs of one type training data-parallel (see
 ``predictor.parallel``): the batch size is per GPU, the price is N GPUs'.
 
-The module is callable: ``predictor.search(graph, ...)`` is
-``predictor.search.search(graph, ...)`` (importing the submodule would
-otherwise shadow a function of the same name on the package).
+``predictor.search(graph, ...)`` is this module's :func:`search`. (A submodule
+named ``predictor.search`` would shadow that function on the package once
+imported.)
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import tomllib
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -247,7 +245,7 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
         ``min_throughput`` (samples/s), ``max_usd_per_hour``,
         ``max_usd_per_1m_samples``, ``max_hours`` and ``max_cost_usd`` (need a
         run), ``max_memory_gb``, ``min_batch_size``, ``max_batch_size``.
-    prices: ``{GPU id or alias: USD per GPU-hour}`` overriding the spec database.
+    prices: ``{GPU id or alias: USD per GPU-hour}`` overriding the GPU database's.
     """
     import pandas as pd
 
@@ -362,11 +360,3 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
     return SearchResult(model=graph.name, objective=objective, table=table, run=run,
                         gpus_per_node=n, max_memory_fraction=max_memory_fraction,
                         max_batch_sizes=max_batches, sweep=res, price_info=price_info)
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs) -> SearchResult:
-        return search(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
