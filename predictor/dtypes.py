@@ -29,6 +29,17 @@ _TORCH_NAMES = {
     "float8_e4m3fn": L.F8, "float8_e5m2": L.F8,
 }
 
+# ONNX element types (onnx.TensorProto names) -> the torch dtype the ONNX
+# frontend builds its tensors in: unsigned types widen to a signed one that
+# holds them, every fp8 is e4m3fn; an element type not listed is fp32.
+ONNX_ELEMENT_TYPES = {
+    "FLOAT": "float32", "FLOAT16": "float16", "BFLOAT16": "bfloat16", "DOUBLE": "float64",
+    "INT64": "int64", "INT32": "int32", "INT16": "int16", "INT8": "int8", "UINT8": "uint8",
+    "BOOL": "bool", "UINT16": "int32", "UINT32": "int64", "UINT64": "int64",
+    "FLOAT8E4M3FN": "float8_e4m3fn", "FLOAT8E4M3FNUZ": "float8_e4m3fn",
+    "FLOAT8E5M2": "float8_e4m3fn", "FLOAT8E5M2FNUZ": "float8_e4m3fn",
+}
+
 # Rows a dtype override recasts (OpTable.with_dtype): fp8 rows keep their dtype.
 OVERRIDABLE = (L.F32, L.F16, L.BF16, L.F64)
 # Storages a dtype override resizes (the memory profile): every floating one.

@@ -30,6 +30,7 @@ except ImportError:  # an optional dependency
 import torch
 from onnx import numpy_helper
 
+from predictor import dtypes
 from predictor.errors import FileFormatError, InvalidArgumentError
 
 # Tensors up to this many elements get their values computed (shape arithmetic).
@@ -38,18 +39,9 @@ VALUE_LIMIT = 1 << 16
 MAX_NUMEL = 1 << 50
 MAX_DIM = 1 << 40
 
-_DTYPES = {
-    onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.FLOAT16: torch.float16,
-    onnx.TensorProto.BFLOAT16: torch.bfloat16, onnx.TensorProto.DOUBLE: torch.float64,
-    onnx.TensorProto.INT64: torch.int64, onnx.TensorProto.INT32: torch.int32,
-    onnx.TensorProto.INT16: torch.int16, onnx.TensorProto.INT8: torch.int8,
-    onnx.TensorProto.UINT8: torch.uint8, onnx.TensorProto.BOOL: torch.bool,
-    onnx.TensorProto.UINT16: torch.int32, onnx.TensorProto.UINT32: torch.int64,
-    onnx.TensorProto.UINT64: torch.int64,
-}
-for _name in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ"):
-    if hasattr(onnx.TensorProto, _name) and hasattr(torch, "float8_e4m3fn"):
-        _DTYPES[getattr(onnx.TensorProto, _name)] = torch.float8_e4m3fn
+_DTYPES = {getattr(onnx.TensorProto, elem): getattr(torch, name)
+           for elem, name in dtypes.ONNX_ELEMENT_TYPES.items()
+           if hasattr(onnx.TensorProto, elem) and hasattr(torch, name)}
 
 
 def _torch_dtype(elem_type: int) -> torch.dtype:
