@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import predictor
 from predictor import cli, engine, hardware, reference
-from predictor.commands.sweep import parse_batch_sizes
+from predictor.commands.common import parse_batch_sizes
 from predictor.calibration.train import GroupModel, pack
 from predictor.errors import FileFormatError
 from predictor.kernels.features import G_CONV, G_ELEMENTWISE, N_FEATURES, N_GROUPS

@@ -8,7 +8,7 @@ import argparse
 import json
 
 from predictor.commands.common import (add_spec_argument, add_step_arguments, console, load_specs,
-                                       positive_int)
+                                       positive_int, trace_from_args)
 
 NAME = "calibrate"
 
@@ -63,7 +63,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import predictor
-    from predictor.commands.predict import trace_from_args
 
     load_specs(args.spec)
     graph = trace_from_args(args)
@@ -111,37 +110,3 @@ def print_summary(cal, path: str) -> None:
             lines.append(note)
     lines.append(f"wrote {path}")
     out.print("\n".join(lines), style="dim")
-
-
-# ---- shared with `predict` and `sweep` -----------------------------------------
-
-def add_calibration_argument(p) -> None:
-    p.add_argument("--calibration", metavar="FILE",
-                   help="scale measured op times from `predictor calibrate` (a CPU calibration "
-                        "predicts that CPU only: --gpus cpu, the default with it)")
-
-
-def load_for(args: argparse.Namespace, graph):
-    """The calibration named by --calibration, checked against `graph` (or None)."""
-    path = getattr(args, "calibration", None)
-    if not path:
-        return None
-    from predictor.calibration.file import load
-
-    return load(path, graph)
-
-
-def target_gpus(args: argparse.Namespace) -> list[str]:
-    """The device ids to predict, checked before tracing: --gpus resolved in the
-    database, or, with a CPU calibration, its CPU (the default) and nothing else."""
-    from predictor import hardware
-
-    path = getattr(args, "calibration", None)
-    if path:
-        from predictor import calibrated
-        from predictor.calibration.file import load
-
-        cal = load(path)
-        if cal.is_cpu:
-            return [g.id for g in calibrated.resolve_targets(cal, args.gpus, hardware.database())]
-    return [g.id for g in hardware.database().resolve(args.gpus)]

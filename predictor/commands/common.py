@@ -64,3 +64,105 @@ def fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:,.1f}" if value >= 10 else f"{value:,.2f}"
     return str(value)
+
+
+# ---- MODEL: a trace or a saved graph -------------------------------------------
+
+def trace_from_args(args: argparse.Namespace):
+    """Trace MODEL as the common options say, with a spinner on stderr."""
+    import predictor
+
+    mode = "inference" if getattr(args, "inference", False) else "train"
+    optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
+    with console(stderr=True).status(f"tracing {args.model} ...", spinner="dots"):
+        return predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                               optimizer=optimizer, mode=mode)
+
+
+def load_graph(args: argparse.Namespace):
+    """A saved graph (MODEL ends in .npz) or a fresh trace."""
+    if args.model.lower().endswith(".npz"):
+        from predictor.errors import InvalidArgumentError
+        from predictor.optable import Graph
+
+        traced_as = [flag for flag, given in (("--seq-len", args.seq_len is not None),
+                                              ("--optimizer", args.optimizer != "adam"),
+                                              ("--inference", args.inference)) if given]
+        if traced_as:
+            raise InvalidArgumentError(f"{', '.join(traced_as)} cannot change a saved graph "
+                                       f"({args.model}); trace the model again with them")
+        return Graph.load(args.model)
+
+    args.batch_size = None
+    return trace_from_args(args)
+
+
+# ---- batch sizes ----------------------------------------------------------------
+
+# A sweep far larger than any design space is a typo (1..10**9 in steps of 1).
+MAX_BATCH_SIZES = 4096
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,2,4..1024' -> sorted distinct batch sizes. `a..b` doubles from a up
+    to b (b included even when it is not a power-of-two multiple of a)."""
+    out: set[int] = set()
+    for item in (t.strip() for t in str(text).split(",")):
+        if not item:
+            continue
+        if ".." in item:
+            lo_text, _, hi_text = item.partition("..")
+            lo, hi = _positive(lo_text, item), _positive(hi_text, item)
+            if lo > hi:
+                raise argparse.ArgumentTypeError(f"empty batch-size range {item!r} ({lo} > {hi})")
+            b = lo
+            while b < hi:
+                out.add(b)
+                b *= 2
+            out.add(hi)
+        else:
+            out.add(_positive(item, item))
+        if len(out) > MAX_BATCH_SIZES:
+            raise argparse.ArgumentTypeError(f"more than {MAX_BATCH_SIZES} batch sizes")
+    if not out:
+        raise argparse.ArgumentTypeError(f"no batch size in {text!r}")
+    return sorted(out)
+
+
+def _positive(text: str, item: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad batch size {item!r}: expected N or A..B (doubling), e.g. 1,2,4..1024") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {value}")
+    return value
+
+
+# ---- --calibration, and the devices to predict ----------------------------------
+
+def add_calibration_argument(p) -> None:
+    p.add_argument("--calibration", metavar="FILE",
+                   help="scale measured op times from `predictor calibrate` (a CPU calibration "
+                        "predicts that CPU only: --gpus cpu, the default with it)")
+
+
+def targets(args: argparse.Namespace) -> tuple[list, object]:
+    """(devices, calibration), checked before tracing: the devices to predict as
+    GPU records (--gpus resolved in the GPU database, or, with a CPU
+    calibration, its CPU, the default, and nothing else) and the calibration
+    named by --calibration (None without one), read once. Check it against the
+    traced graph with ``calibration.check_graph(graph)``."""
+    from predictor import hardware
+
+    path = getattr(args, "calibration", None)
+    if not path:
+        return hardware.database().resolve(args.gpus), None
+    from predictor import calibrated
+    from predictor.calibration.file import load
+
+    cal = load(path)
+    if cal.is_cpu:
+        return calibrated.resolve_targets(cal, args.gpus, hardware.database()), cal
+    return hardware.database().resolve(args.gpus), cal

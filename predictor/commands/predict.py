@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from predictor.commands.calibrate import add_calibration_argument, load_for, target_gpus
-from predictor.commands.common import (add_format_arguments, add_precision_arguments,
-                                       add_spec_argument, add_step_arguments, console, load_specs,
-                                       positive_int)
+from predictor.commands.common import (add_calibration_argument, add_format_arguments,
+                                       add_precision_arguments, add_spec_argument,
+                                       add_step_arguments, console, load_specs, positive_int,
+                                       targets, trace_from_args)
 
 NAME = "predict"
 
@@ -35,25 +35,15 @@ def add_parser(sub) -> None:
     add_format_arguments(p)
 
 
-def trace_from_args(args: argparse.Namespace):
-    """Trace MODEL as the common options say, with a spinner on stderr."""
-    import predictor
-
-    mode = "inference" if getattr(args, "inference", False) else "train"
-    optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
-    with console(stderr=True).status(f"tracing {args.model} ...", spinner="dots"):
-        return predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
-                               optimizer=optimizer, mode=mode)
-
-
 def run(args: argparse.Namespace) -> int:
     from predictor import engine
 
     load_specs(args.spec)
-    gpu_ids = target_gpus(args)  # fail on a bad GPU before tracing
+    gpus, cal = targets(args)  # fail on a bad GPU or calibration before tracing
     graph = trace_from_args(args)
-    cal = load_for(args, graph)
-    res = engine.sweep(graph, gpu_ids, [graph.batch_size], dtype=args.dtype,
+    if cal is not None:
+        cal.check_graph(graph)
+    res = engine.sweep(graph, gpus, [graph.batch_size], dtype=args.dtype,
                        tf32_matmul=args.tf32 or None, calibration=cal)
     df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
     if args.json:
@@ -75,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print_table(graph, df)
     if args.breakdown:
-        pred = engine.predict(graph, df["gpu"][0], dtype=args.dtype, tf32_matmul=args.tf32 or None,
+        fastest = next(g for g in gpus if g.id == df["gpu"][0])
+        pred = engine.predict(graph, fastest, dtype=args.dtype, tf32_matmul=args.tf32 or None,
                               calibration=cal)
         print_breakdown(pred, args.breakdown)
     return 0

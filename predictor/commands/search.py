@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 from predictor.commands.common import (add_format_arguments, add_precision_arguments,
-                                       add_spec_argument, add_step_arguments, console, load_specs,
-                                       positive_int)
+                                       add_spec_argument, add_step_arguments, console, load_graph,
+                                       load_specs, parse_batch_sizes, positive_int)
 
 NAME = "search"
 
@@ -36,8 +36,6 @@ def _positive_float(text: str) -> float:
 
 
 def add_parser(sub) -> None:
-    from predictor.commands.sweep import parse_batch_sizes
-
     p = sub.add_parser(
         NAME, help="rank GPUs x batch sizes by time, cost or throughput (memory-aware)",
         description="Trace one training step of MODEL once, predict its time and peak memory "
@@ -119,11 +117,10 @@ def _constraints(items: list[str]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from predictor import hardware
-    from predictor.commands.sweep import load_graph
     from predictor.design_search import search
 
     load_specs(args.spec)
-    hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
+    gpus = hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
     prices = _prices(args.price)
     constraints = _constraints(args.constraint)
     if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
@@ -131,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise InvalidArgumentError(f"--report {args.report}: exists and is not a folder")
     graph = load_graph(args)
-    result = search(graph, objective=args.objective, gpus=args.gpus,
+    result = search(graph, objective=args.objective, gpus=gpus,
                     batch_sizes=args.batch_sizes, max_memory_fraction=args.max_memory_fraction,
                     constraints=constraints, prices=prices, samples=args.samples,
                     epochs=args.epochs, iterations=args.iterations,

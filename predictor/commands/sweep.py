@@ -9,54 +9,13 @@ import math
 import time
 from pathlib import Path
 
-from predictor.commands.calibrate import add_calibration_argument, load_for, target_gpus
-from predictor.commands.common import (add_precision_arguments, add_spec_argument,
-                                       add_step_arguments, console, load_specs)
+from predictor.commands.common import (add_calibration_argument, add_precision_arguments,
+                                       add_spec_argument, add_step_arguments, console,
+                                       load_graph, load_specs, parse_batch_sizes, targets)
 
 NAME = "sweep"
 
 DEFAULT_BATCHES = "1..1024"
-# A sweep far larger than any design space is a typo (1..10**9 in steps of 1).
-MAX_BATCH_SIZES = 4096
-
-
-def parse_batch_sizes(text: str) -> list[int]:
-    """'1,2,4..1024' -> sorted distinct batch sizes. `a..b` doubles from a up
-    to b (b included even when it is not a power-of-two multiple of a)."""
-    out: set[int] = set()
-    for item in (t.strip() for t in str(text).split(",")):
-        if not item:
-            continue
-        if ".." in item:
-            lo_text, _, hi_text = item.partition("..")
-            lo, hi = _positive(lo_text, item), _positive(hi_text, item)
-            if lo > hi:
-                raise argparse.ArgumentTypeError(f"empty batch-size range {item!r} ({lo} > {hi})")
-            b = lo
-            while b < hi:
-                out.add(b)
-                b *= 2
-            out.add(hi)
-        else:
-            out.add(_positive(item, item))
-        if len(out) > MAX_BATCH_SIZES:
-            raise argparse.ArgumentTypeError(f"more than {MAX_BATCH_SIZES} batch sizes")
-    if not out:
-        raise argparse.ArgumentTypeError(f"no batch size in {text!r}")
-    return sorted(out)
-
-
-def _positive(text: str, item: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"bad batch size {item!r}: expected N or A..B (doubling), e.g. 1,2,4..1024") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {value}")
-    return value
-
-
 def add_parser(sub) -> None:
     p = sub.add_parser(
         NAME, help="sweep batch sizes x GPUs; best batch per GPU, plot, CSV",
@@ -86,37 +45,20 @@ def add_parser(sub) -> None:
                    help="print a JSON object (best batch per GPU and the whole grid)")
 
 
-def load_graph(args: argparse.Namespace):
-    """A saved graph (MODEL ends in .npz) or a fresh trace."""
-    if args.model.lower().endswith(".npz"):
-        from predictor.optable import Graph
-
-        traced_as = [flag for flag, given in (("--seq-len", args.seq_len is not None),
-                                              ("--optimizer", args.optimizer != "adam"),
-                                              ("--inference", args.inference)) if given]
-        if traced_as:
-            raise _bad_argument(f"{', '.join(traced_as)} cannot change a saved graph "
-                                f"({args.model}); trace the model again with them")
-        return Graph.load(args.model)
-    from predictor.commands.predict import trace_from_args
-
-    args.batch_size = None
-    return trace_from_args(args)
-
-
 def run(args: argparse.Namespace) -> int:
     from predictor import engine
 
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise _bad_argument(f"cannot plot to {args.plot}: use a .png, .svg or .pdf file name")
     load_specs(args.spec)
-    gpu_ids = target_gpus(args)  # fail on a bad GPU before tracing
+    gpus, cal = targets(args)  # fail on a bad GPU or calibration before tracing
     graph = load_graph(args)
-    cal = load_for(args, graph)
+    if cal is not None:
+        cal.check_graph(graph)
     if args.save_graph:
         graph.save(args.save_graph)
     start = time.perf_counter()
-    res = engine.sweep(graph, gpu_ids, args.batch_sizes, dtype=args.dtype,
+    res = engine.sweep(graph, gpus, args.batch_sizes, dtype=args.dtype,
                        tf32_matmul=args.tf32 or None, calibration=cal)
     seconds = time.perf_counter() - start
     df = res.to_pandas()
