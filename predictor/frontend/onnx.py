@@ -56,6 +56,7 @@ from onnx import numpy_helper
 from predictor import dtypes, families
 from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.families import TensorMeta
+from predictor.frontend import optimizers
 from predictor.frontend import training_synthesis as synthesis
 from predictor.frontend.training_synthesis import Call
 from predictor.frontend.onnx_load import (
