@@ -54,11 +54,15 @@ def _rows(op: str, df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     dims = np.zeros((n, L.MAX_DIMS), dtype=np.int64)
     if op in ("linear", "bmm"):
         b, m, nn, k = (df[c].to_numpy(np.int64) for c in ("B", "M", "N", "K"))
-        if op == "linear":  # x[B*M, K] @ W[N, K]^T: one GEMM, cuBLAS `*_tn` kernels
-            dims[:, :4] = np.stack([np.ones(n, np.int64), b * m, nn, k], axis=1)
+        # The files' N is the reduction dim and K an output dim (NeuSight's
+        # (M x N) @ (N x K) naming): every recorded launch grid tiles an M x K
+        # output with the kernel's tile (tests/test_opmodel.py checks this on
+        # the data), whatever the data's README says.
+        if op == "linear":  # x[B*M, N] @ W[K, N]^T: one GEMM, cuBLAS `*_tn` kernels
+            dims[:, :4] = np.stack([np.ones(n, np.int64), b * m, k, nn], axis=1)
             dims[:, L.GEMM_LAYOUT] = L.GEMM_B_T
-        else:  # torch.bmm of contiguous operands: `*_nn` kernels
-            dims[:, :4] = np.stack([b, m, nn, k], axis=1)
+        else:  # torch.bmm of contiguous a[B, M, N] @ b[B, N, K]: `*_nn` kernels
+            dims[:, :4] = np.stack([b, m, k, nn], axis=1)
         return np.full(n, L.MATMUL), dims
     if op == "conv":
         b = df["B"].to_numpy(np.int64)

@@ -220,9 +220,33 @@ def test_training_rows_carry_the_measured_kernels_layout():
     df = pd.DataFrame({"B": [2], "M": [64], "N": [128], "K": [256]})
     fam, dims = D._rows("linear", df)
     assert fam[0] == L.MATMUL and dims[0, L.GEMM_LAYOUT] == L.GEMM_B_T
-    assert dims[0, :4].tolist() == [1, 128, 128, 256]
+    # (batch, M, N out, K reduction) = (1, B*M, the file's K, the file's N)
+    assert dims[0, :4].tolist() == [1, 128, 256, 128]
     _, dims = D._rows("bmm", df)
-    assert dims[0, L.GEMM_LAYOUT] == 0 and dims[0, :4].tolist() == [2, 64, 128, 256]
+    assert dims[0, L.GEMM_LAYOUT] == 0 and dims[0, :4].tolist() == [2, 64, 256, 128]
+
+
+def test_training_gemms_tile_the_output_their_launch_grid_tiles(data_dir):
+    """The per-kernel files' GEMM columns read as an M x K output reduced over
+    N: every recorded launch grid (x * y) equals the output tiles of the
+    dominant kernel's tile (e.g. `sgemm_128x64`) over the loader's (m, n)."""
+    import pandas as pd
+
+    from predictor.calibration import datasets as D
+
+    for op in ("linear", "bmm"):
+        for f in sorted((data_dir / "train" / op).glob("*.csv")):
+            df = pd.read_csv(f, nrows=2000)
+            tile = df["Kernel Name"].str.extract(r"sgemm_(\d+)x(\d+)").astype(float)
+            ok = tile.notna().all(axis=1).to_numpy()
+            _, dims = D._rows(op, df)
+            m, n = dims[ok, 1].astype(float), dims[ok, 2].astype(float)
+            ta, tb = tile[0].to_numpy()[ok], tile[1].to_numpy()[ok]
+            grid = (df["Grid x"] * df["Grid y"]).to_numpy()[ok]
+            tiles = np.ceil(m / ta) * np.ceil(n / tb)
+            swapped = np.ceil(m / tb) * np.ceil(n / ta)
+            match = np.mean((grid == tiles) | (grid == swapped))
+            assert match > 0.99, f"{f.name}: {match:.1%} of {op} grids tile the loader's output"
 
 
 @needs_weights
