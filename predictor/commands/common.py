@@ -58,6 +58,20 @@ def load_specs(files: Sequence[str]) -> None:
         hardware.load_specs(f)
 
 
+def notes(graph) -> list[str]:
+    """One-line notes every output format shows (table: under it; --json: a
+    "notes" list; --csv: on stderr): how the step was traced."""
+    return list(getattr(graph, "notes", None) or [])
+
+
+def print_notes_stderr(lines: Sequence[str]) -> None:
+    """Notes beside machine-readable output on stdout: one line each on stderr."""
+    import sys
+
+    for line in lines:
+        print(f"predictor: note: {line}", file=sys.stderr)
+
+
 def fmt(value) -> str:
     if value is None or value != value:
         return "-"

@@ -7,8 +7,9 @@ import json
 
 from predictor.commands.common import (add_calibration_argument, add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
-                                       add_step_arguments, console, load_specs, positive_int,
-                                       targets, trace_from_args)
+                                       add_step_arguments, console, load_specs, notes,
+                                       positive_int, print_notes_stderr, targets,
+                                       trace_from_args)
 
 NAME = "predict"
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,
             "mode": graph.mode, "optimizer": graph.optimizer, "dtype": args.dtype or "as traced",
             "parameters": graph.parameters, "flops_per_iteration": graph.flops(),
-            "unsupported_ops": graph.unsupported,
+            "unsupported_ops": graph.unsupported, "notes": notes(graph),
             "predictions": [
                 {k: (float(v) if k.endswith("_ms") or k == "throughput" else v)
                  for k, v in row.items() if k != "batch_size"}
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         df.insert(0, "model", graph.name)
         print(df.to_csv(index=False), end="")
+        print_notes_stderr(notes(graph))
         return 0
     print_table(graph, df)
     if args.breakdown:
@@ -97,6 +99,8 @@ def print_table(graph, df) -> None:
         names = ", ".join(f"{k}×{v}" for k, v in sorted(graph.unsupported.items()))
         note += (f"\n{sum(graph.unsupported.values())} op(s) without a family model, "
                  f"estimated from bytes moved: {names}")
+    for line in notes(graph):
+        note += f"\n{line}"
     out.print(note, style="dim")
 
 

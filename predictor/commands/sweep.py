@@ -11,7 +11,8 @@ from pathlib import Path
 
 from predictor.commands.common import (add_calibration_argument, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, console,
-                                       load_graph, load_specs, parse_batch_sizes, targets)
+                                       load_graph, load_specs, notes, parse_batch_sizes,
+                                       print_notes_stderr, targets)
 
 NAME = "sweep"
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             "model": graph.name, "mode": graph.mode, "optimizer": graph.optimizer,
             "seq_len": graph.seq_len, "dtype": args.dtype or "as traced",
             "batch_sizes": [int(b) for b in res.batch_sizes], "gpus": res.gpus,
-            "best": _records(best), "grid": _records(df),
+            "best": _records(best), "grid": _records(df), "notes": notes(graph),
         }, indent=2))
         return 0
     print_best(graph, args, res, best, seconds)
@@ -158,4 +159,6 @@ def print_best(graph, args, res, best, seconds: float) -> None:
              f"graph: {args.save_graph}" if args.save_graph else ""]
     if any(extra):
         note += "\nwrote " + ", ".join(e for e in extra if e)
+    for line in notes(graph):
+        note += f"\n{line}"
     out.print(note, style="dim")

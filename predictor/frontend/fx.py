@@ -15,6 +15,7 @@ free.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from typing import Any, Callable
@@ -178,16 +179,55 @@ def _fake_params(module: torch.nn.Module) -> tuple[dict, dict]:
     return params, buffers
 
 
-def _call(module: torch.nn.Module, state: dict, inputs: Any) -> Any:
+def _call(module: torch.nn.Module, state: dict, inputs: Any, extra: dict | None = None) -> Any:
+    """``module(*inputs)`` (or ``module(**inputs)``) with `state`; `extra`
+    adds keyword arguments."""
     if isinstance(inputs, dict):
-        return functional_call(module, state, (), inputs)
+        return functional_call(module, state, (), {**inputs, **(extra or {})})
     if not isinstance(inputs, (list, tuple)):
         inputs = (inputs,)
-    return functional_call(module, state, tuple(inputs))
+    return functional_call(module, state, tuple(inputs), extra or None)
 
 
-def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int):
-    """Trace the step at `batch`; returns (GraphModule, phase marks, counts)."""
+NO_CACHE_NOTE = ("traced without the KV cache (use_cache=False): a forward pass over the "
+                 "whole sequence, not one generation step")
+
+
+def _no_cache_kwargs(module: torch.nn.Module, inputs: Any) -> dict:
+    """``{"use_cache": False}`` for a forward pass that would build a KV cache
+    (Hugging Face models: ``use_cache`` defaults to the config's, True for
+    causal LMs), when the call does not set it itself; else ``{}``."""
+    if getattr(getattr(module, "config", None), "use_cache", None) is not True:
+        return {}
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+    if "use_cache" not in params:
+        return {}
+    if isinstance(inputs, dict):
+        return {} if "use_cache" in inputs else {"use_cache": False}
+    n_positional = len(inputs) if isinstance(inputs, (list, tuple)) else 1
+    return {} if params.index("use_cache") < n_positional else {"use_cache": False}
+
+
+def _tensor_outputs(output: Any, notes: list[str]) -> tuple:
+    """The tensors of a forward's output, for the inference graph: objects that
+    are not tensors (a KV cache, Python values) are dropped; dropping a cache
+    adds a note."""
+    leaves = torch.utils._pytree.tree_leaves(output)
+    dropped = {type(x).__name__ for x in leaves
+               if not isinstance(x, torch.Tensor) and "cache" in type(x).__name__.lower()}
+    if dropped and not any(n.startswith("dropped the") for n in notes):
+        notes.append(f"dropped the {', '.join(sorted(dropped))} from the outputs "
+                     "(a KV cache is not a tensor output)")
+    return tuple(x for x in leaves if isinstance(x, torch.Tensor))
+
+
+def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
+                notes: list[str] | None = None):
+    """Trace the step at `batch`; returns (GraphModule, phase marks, counts).
+    One-line notes on how it was traced are appended to `notes`."""
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         if mode == "inference" and spec.build_inference is not None:
@@ -205,6 +245,7 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int):
     was_training = module.training
     module.train(mode == "train")
     marks: list[int] = []
+    notes = [] if notes is None else notes
     loss_fn = spec.loss_fn or default_loss
 
     def mark() -> None:
@@ -225,9 +266,14 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int):
                              for s in opt_state])
         return loss
 
+    # Inference: a forward pass without building a KV cache (see NO_CACHE_NOTE).
+    no_cache = _no_cache_kwargs(module, inputs) if mode == "inference" else {}
+    if no_cache:
+        notes.append(NO_CACHE_NOTE)
+
     def inference_step(params, buffers, opt_state, inputs):
         with torch.no_grad():
-            return _call(module, {**params, **buffers}, inputs)
+            return _tensor_outputs(_call(module, {**params, **buffers}, inputs, no_cache), notes)
 
     step = train_step if mode == "train" else inference_step
     try:
@@ -276,13 +322,12 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
     try:
         with _quiet_torch_logs():
-            gm, marks, counts, sentinel = _trace_with_fallback(spec, mode, optimizer, sentinel)
+            gm, marks, counts, notes, sentinel = _trace_with_fallback(spec, mode, optimizer,
+                                                                      sentinel)
     except PredictorError:
         raise
     except Exception as exc:  # noqa: BLE001 — any failure inside user code
-        raise TraceError(
-            f"could not trace {spec.name}: {_one_line(exc)} (check the example inputs' shapes; "
-            "data-dependent control flow cannot be traced)") from exc
+        raise TraceError(f"could not trace {spec.name}: {_one_line(exc)} ({_hint(exc)})") from exc
     lowered = lower(gm, marks, sentinel, spec.batch_size)
     mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel)
     graph = Graph(
@@ -297,13 +342,29 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     # How to build and feed the model for real (calibration runs the real step);
     # an attribute, not a field: callables are not saved with the graph.
     graph.source = spec
+    # One-line notes on how the step was traced (e.g. NO_CACHE_NOTE), for the
+    # CLI and the user; an attribute, not saved with the graph.
+    graph.notes = notes
     return graph
+
+
+def _hint(exc: BaseException) -> str:
+    """What to check for a trace failure, by what failed."""
+    msg = str(exc)
+    if isinstance(exc, NotImplementedError) and "argument of type" in msg:
+        return ("the model returned an object that is not a tensor; return tensors, or a "
+                "dict/tuple of them, or pass loss_fn= to reduce the output")
+    name = type(exc).__name__
+    if "DataDependent" in name or "data-dependent" in msg.lower() or "data dependent" in msg.lower():
+        return "data-dependent control flow cannot be traced"
+    return ("check the example inputs' shapes; data-dependent control flow cannot be traced")
 
 
 def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel: int | None):
     """Trace at the sentinel batch; if the model rejects it, at the requested batch."""
+    notes: list[str] = []
     try:
-        gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size)
+        gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size, notes)
     except PredictorError:
         raise
     except Exception:
@@ -312,5 +373,6 @@ def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel
         # Some models only accept particular batch sizes: trace at the
         # requested one; the graph is then valid at that batch only.
         sentinel = None
-        gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size)
-    return gm, marks, counts, sentinel
+        notes.clear()
+        gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size, notes)
+    return gm, marks, counts, notes, sentinel
