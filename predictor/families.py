@@ -314,6 +314,21 @@ def _softmax(x: TensorMeta, dim: int, *_, out=None, **__) -> list[Row]:
     return [memory_row(L.SOFTMAX, x.numel, x.numel, 5 * x.numel, inner, x.numel // max(inner, 1))]
 
 
+@register(aten._safe_softmax)
+def _safe_softmax(x: TensorMeta, dim: int, *_, out=None, **__) -> list[Row]:
+    # SDPA's math path with a mask (Hugging Face's default attention): a softmax,
+    # then rows that are all -inf set to 0, as ATen runs it on CUDA: softmax,
+    # eq(-inf) into a bool mask, all() over `dim`, where().
+    inner = x.shape[dim] if x.shape else 1
+    outer = x.numel // max(inner, 1)
+    mask = _bool_elems(x, x)
+    row_mask = _bool_elems(TensorMeta((outer,), torch.bool), x)
+    return _softmax(x, dim) + [
+        memory_row(L.ELEMENTWISE, x.numel, mask, x.numel, inner, outer),
+        memory_row(L.REDUCTION, mask, row_mask, x.numel, inner, outer),
+        memory_row(L.ELEMENTWISE, x.numel + row_mask, x.numel, x.numel, inner, outer)]
+
+
 @register(aten._softmax_backward_data, aten._log_softmax_backward_data)
 def _softmax_bwd(grad: TensorMeta, y: TensorMeta, dim: int, *_, out=None, **__) -> list[Row]:
     inner = y.shape[dim] if y.shape else 1

@@ -84,6 +84,8 @@ def test_default_config_traces_and_predicts(family, mode):
     p = predictor.predict(g, "A100-SXM4-80GB")
     assert p.iteration_ms > 0 and p.forward_ms > 0
     assert (p.backward_ms > 0) == (mode == "train")
+    # HF's SDPA attention with a mask runs aten._safe_softmax: priced as a softmax.
+    assert "_safe_softmax" not in g.unsupported
     # An inference trace of a model that would build a KV cache says it did not.
     assert (fx.NO_CACHE_NOTE in g.notes) == (mode == "inference" and caches)
 
@@ -144,3 +146,18 @@ def test_cli_says_the_cache_was_left_out(gpt2_factory, capsys):
     assert cli.main(["predict", gpt2_factory, "--inference", "--gpus", "T4", "--csv"]) == 0
     captured = capsys.readouterr()
     assert "use_cache=False" in captured.err and "use_cache" not in captured.out
+
+
+def test_safe_softmax_is_a_softmax_and_its_masking():
+    from predictor import families
+    from predictor.kernels import layout as L
+
+    x = families.TensorMeta((2, 4, 16, 16), torch.float32)
+    fn = families.lookup(torch.ops.aten._safe_softmax.default)
+    assert fn is not None
+    rows = fn(x, -1, None)
+    assert [r[0] for r in rows] == [L.SOFTMAX, L.ELEMENTWISE, L.REDUCTION, L.ELEMENTWISE]
+    assert rows[0] == families.lookup(torch.ops.aten._softmax.default)(x, -1, False)[0]
+    g = predictor.trace(_gpt2(), _tokens(), mode="train")
+    assert "_safe_softmax" not in g.unsupported
+    assert "softmax" in g.family_counts()
