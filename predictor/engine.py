@@ -121,7 +121,7 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
                        phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen],
                        overhead_phase_ms=exposed, memory_bytes=mem,
                        memory_capacity_gb=[g.memory_gb for g in chosen],
-                       max_memory_fraction=max_memory_fraction)
+                       max_memory_fraction=max_memory_fraction, seq_len=graph.seq_len)
 
 
 def _memory(graph: Graph, chosen, batches: np.ndarray, code: int | None,

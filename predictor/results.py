@@ -84,6 +84,16 @@ class Prediction:
         return self.batch_size / (self.iteration_ms / 1e3)
 
     @property
+    def seq_len(self) -> int | None:
+        """The traced sequence length (``Graph.seq_len``); None: no sequence dim."""
+        return getattr(self.graph, "seq_len", None) or None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second, ``throughput × seq_len``; None without a sequence dim."""
+        return None if self.seq_len is None else self.throughput * self.seq_len
+
+    @property
     def ops(self):
         """Per-op breakdown as a DataFrame, slowest first: one row per distinct
         op with its family, aten op, dims at this batch size, count, time."""
@@ -127,6 +137,7 @@ class Prediction:
             "optimizer_ms": self.optimizer_ms,
             "overhead_ms": self.overhead_ms,
             "throughput": self.throughput,
+            **({"tokens_per_s": self.tokens_per_s} if self.seq_len else {}),
             "memory_gb": self.memory_gb,
             "fits": self.fits,
         }
@@ -154,6 +165,8 @@ class SweepResult:
     memory_bytes: np.ndarray | None = None
     memory_capacity_gb: list[float] = field(default_factory=list)
     max_memory_fraction: float = 0.9
+    # The traced sequence length (Graph.seq_len); None: the input has no sequence dim.
+    seq_len: int | None = None
 
     @property
     def memory_gb(self) -> np.ndarray:
@@ -196,7 +209,14 @@ class SweepResult:
 
     @property
     def throughput(self) -> np.ndarray:
+        """Samples per second [gpu, batch]."""
         return self.batch_sizes[None, :] / (self.iteration_ms / 1e3)
+
+    @property
+    def tokens_per_s(self) -> np.ndarray | None:
+        """Tokens per second [gpu, batch], ``throughput × seq_len``; None
+        without a sequence dim."""
+        return None if not self.seq_len else self.throughput * self.seq_len
 
     def to_pandas(self):
         """Long format: one row per (GPU, batch size)."""
@@ -205,6 +225,7 @@ class SweepResult:
         g, b = np.meshgrid(np.arange(len(self.gpus)), np.arange(len(self.batch_sizes)),
                            indexing="ij")
         g, b = g.ravel(), b.ravel()
+        tokens = {} if not self.seq_len else {"tokens_per_s": self.tokens_per_s.ravel()}
         return pd.DataFrame({
             "gpu": np.asarray(self.gpus, dtype=object)[g],
             "batch_size": self.batch_sizes[b],
@@ -214,6 +235,7 @@ class SweepResult:
             "optimizer_ms": self.optimizer_ms.ravel(),
             "overhead_ms": self.overhead_ms.ravel(),
             "throughput": self.throughput.ravel(),
+            **tokens,
             "memory_gb": self.memory_gb.ravel(),
             "fits": self.fits.ravel(),
         })

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             "parameters": graph.parameters, "flops_per_iteration": graph.flops(),
             "unsupported_ops": graph.unsupported, "notes": notes(graph),
             "predictions": [
-                {k: (float(v) if k.endswith("_ms") or k == "throughput" else v)
+                {k: (float(v) if k.endswith("_ms") or k in ("throughput", "tokens_per_s") else v)
                  for k, v in row.items() if k != "batch_size"}
                 for row in df.to_dict(orient="records")],
         }
@@ -83,14 +83,17 @@ def print_table(graph, df) -> None:
              + f" · {graph.parameters / 1e6:,.1f} M params · {flops / 1e12:,.2f} TFLOP/iter")
     table = Table(title=title, title_justify="left")
     table.add_column("GPU", no_wrap=True)
-    for label in ("iter ms", "fwd ms", "bwd ms", "opt ms", "host ms", "samples/s"):
+    tokens = "tokens_per_s" in df  # the input has a sequence dim (graph.seq_len)
+    for label in ("iter ms", "fwd ms", "bwd ms", "opt ms", "host ms", "samples/s") \
+            + (("tokens/s",) if tokens else ()):
         table.add_column(label, justify="right", no_wrap=True)
     for row in df.itertuples():
         # host ms: CPU dispatch/launch time the GPU waits for (included in the phases).
         host = getattr(row, "overhead_ms", 0.0)
         table.add_row(row.gpu, f"{row.iteration_ms:,.2f}", f"{row.forward_ms:,.2f}",
                       f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}", f"{host:,.2f}",
-                      f"{row.throughput:,.1f}")
+                      f"{row.throughput:,.1f}",
+                      *((f"{row.tokens_per_s:,.0f}",) if tokens else ()))
     out = console()
     out.print(table)
     n_ops = int(graph.ops.count.sum())

@@ -130,14 +130,17 @@ def print_best(graph, args, res, best, seconds: float) -> None:
     table = Table(title="best batch size per GPU by throughput"
                   + (" (among those that fit in memory)" if memory else ""), title_justify="left")
     table.add_column("GPU", no_wrap=True)
-    for label in ("batch", "ms/iter", "samples/s") + (("GiB",) if memory else ()) \
-            + ("$/M samples",):
+    tokens = "tokens_per_s" in best  # the input has a sequence dim (graph.seq_len)
+    for label in ("batch", "ms/iter", "samples/s") + (("tokens/s",) if tokens else ()) \
+            + (("GiB",) if memory else ()) + ("$/M samples",):
         table.add_column(label, justify="right", no_wrap=True)
     best = best.sort_values("throughput", ascending=False, ignore_index=True)
     for row in best.itertuples():
         mark = "*" if int(row.batch_size) == largest and len(res.batch_sizes) > 1 else ""
         cells = [row.gpu, f"{int(row.batch_size)}{mark}", f"{row.iteration_ms:,.2f}",
                  f"{row.throughput:,.1f}"]
+        if tokens:
+            cells.append(f"{row.tokens_per_s:,.0f}")
         if memory:
             cells.append(f"{row.memory_gb:,.1f}")
         table.add_row(*cells, fmt(row.usd_per_m_samples))

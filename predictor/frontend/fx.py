@@ -93,6 +93,8 @@ class _Spec:
         self.name, self.build, self.inputs, self.loss_fn = name, build, inputs, loss_fn
         self.batch_size, self.seq_len = batch_size, seq_len
         self.build_inference = build_inference
+        # The sequence length of the inputs as traced (_input_seq_len), set by _trace_once.
+        self.input_seq_len: int | None = None
 
 
 def _check_positive(value: Any, what: str) -> int:
@@ -169,6 +171,22 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
     return _Spec(name or type(model).__name__, build, make, loss_fn, b, seq_len)
 
 
+def _input_seq_len(inputs: Any, batch: int) -> int | None:
+    """The sequence length of token inputs: dim 1 of ``input_ids`` (a dict's),
+    else of the first 2-D integer tensor whose dim 0 is the batch; None when
+    there is none (images, features)."""
+    if isinstance(inputs, dict) and isinstance(inputs.get("input_ids"), torch.Tensor):
+        candidates = [inputs["input_ids"]]
+    else:
+        candidates = torch.utils._pytree.tree_leaves(inputs)
+    for t in candidates:
+        if (isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[0] == batch
+                and not t.dtype.is_floating_point and not t.dtype.is_complex
+                and t.dtype != torch.bool):
+            return int(t.shape[1])
+    return None
+
+
 def _fake_params(module: torch.nn.Module) -> tuple[dict, dict]:
     """Fake CPU stand-ins for every parameter and buffer (meta, CUDA or real)."""
     params, buffers = {}, {}
@@ -240,6 +258,7 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
                 f"{spec.name}: the factory returned {type(module).__name__}, not an nn.Module")
         params, buffers = _fake_params(module)
         inputs = spec.inputs(batch)
+        spec.input_seq_len = _input_seq_len(inputs, batch)
         trainable = [k for k, p in params.items() if p.requires_grad]
         opt_state = optimizers.state_for(optimizer, [params[k] for k in trainable])
     was_training = module.training
@@ -302,6 +321,10 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     optimizer: "adam", "adamw", "sgd" or None (no optimizer step).
     mode: "train" (forward + loss + backward + optimizer) or "inference" (no-grad forward).
     batch_dim: the input dim that is the batch (None: nothing scales with it).
+    seq_len: a zoo text model's sequence length; for a model object its
+        inputs set the shapes, and ``Graph.seq_len`` is their length when not
+        given: dim 1 of ``input_ids`` or of the first 2-D integer input (token
+        ids), else None.
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
@@ -328,11 +351,12 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         raise
     except Exception as exc:  # noqa: BLE001 — any failure inside user code
         raise TraceError(f"could not trace {spec.name}: {_one_line(exc)} ({_hint(exc)})") from exc
+    seq = spec.seq_len if spec.seq_len is not None else spec.input_seq_len
     lowered = lower(gm, marks, sentinel, spec.batch_size)
     mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel)
     graph = Graph(
         name=spec.name, ops=lowered.table, batch_size=spec.batch_size, mode=mode,
-        optimizer=optimizer, seq_len=spec.seq_len, parameters=counts[0],
+        optimizer=optimizer, seq_len=seq, parameters=counts[0],
         trainable_parameters=counts[1], parameter_bytes=counts[2],
         unsupported=lowered.unsupported,
         batch_scalable=lowered.batch_scalable and sentinel is not None,

@@ -1,0 +1,92 @@
+"""What the predict and sweep outputs say, in every format: tokens/s, memory
+and fits, arguments that do not apply, piped output, best(), precision notes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import predictor
+from predictor import cli
+
+pytest.importorskip("transformers")
+
+SEQ = 16
+
+FACTORY = f'''
+import torch, transformers
+
+def build():
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000,
+                                  n_positions=128, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg), (torch.zeros(2, {SEQ}, dtype=torch.long),)
+'''
+
+
+@pytest.fixture(scope="module")
+def lm_factory(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lm") / "tiny_lm.py"
+    path.write_text(FACTORY)
+    return f"{path}:build"
+
+
+@pytest.fixture(scope="module")
+def lm_graph(lm_factory):
+    return predictor.trace(lm_factory)
+
+
+@pytest.fixture(scope="module")
+def lm_saved(lm_graph, tmp_path_factory):
+    path = tmp_path_factory.mktemp("lmg") / "tiny_lm.npz"
+    lm_graph.save(path)
+    return str(path)
+
+
+# ---- tokens/s ---------------------------------------------------------------
+
+def test_seq_len_of_a_user_model_is_its_token_inputs(lm_graph):
+    assert lm_graph.seq_len == SEQ
+    p = predictor.predict(lm_graph, "T4")
+    assert p.seq_len == SEQ and p.tokens_per_s == pytest.approx(p.throughput * SEQ)
+    assert p.to_dict()["tokens_per_s"] == pytest.approx(p.tokens_per_s)
+    s = predictor.sweep(lm_graph, ["T4", "L4"], [2, 8])
+    assert s.seq_len == SEQ
+    np.testing.assert_allclose(s.tokens_per_s, s.throughput * SEQ)
+    df = s.to_pandas()
+    np.testing.assert_allclose(df["tokens_per_s"], df["throughput"] * SEQ)
+
+
+def test_no_tokens_without_a_sequence_dim():
+    g = predictor.trace("dcgan", batch_size=4)
+    assert g.seq_len is None
+    p = predictor.predict(g, "T4")
+    assert p.tokens_per_s is None and "tokens_per_s" not in p.to_dict()
+    s = predictor.sweep(g, ["T4"], [4])
+    assert s.tokens_per_s is None and "tokens_per_s" not in s.to_pandas()
+
+
+def test_tokens_per_s_in_every_predict_format(lm_factory, capsys):
+    assert cli.main(["predict", lm_factory, "--gpus", "T4,L4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["seq_len"] == SEQ
+    for row in out["predictions"]:
+        assert row["tokens_per_s"] == pytest.approx(row["throughput"] * SEQ)
+    assert cli.main(["predict", lm_factory, "--gpus", "T4", "--csv"]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split(",")
+    assert "tokens_per_s" in header
+    assert cli.main(["predict", lm_factory, "--gpus", "T4"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
+
+
+def test_tokens_per_s_in_every_sweep_format(lm_saved, tmp_path, capsys):
+    csv = tmp_path / "grid.csv"
+    assert cli.main(["sweep", lm_saved, "--gpus", "T4", "-b", "2,4", "--json",
+                     "--csv", str(csv)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for row in out["best"] + out["grid"]:
+        assert row["tokens_per_s"] == pytest.approx(row["throughput"] * SEQ)
+    assert "tokens_per_s" in csv.read_text().splitlines()[0].split(",")
+    assert cli.main(["sweep", lm_saved, "--gpus", "T4", "-b", "2,4"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
