@@ -90,3 +90,22 @@ def test_tokens_per_s_in_every_sweep_format(lm_saved, tmp_path, capsys):
     assert "tokens_per_s" in csv.read_text().splitlines()[0].split(",")
     assert cli.main(["sweep", lm_saved, "--gpus", "T4", "-b", "2,4"]) == 0
     assert "tokens/s" in capsys.readouterr().out
+
+
+# ---- output to a pipe ---------------------------------------------------------
+
+def test_piped_output_is_never_cut(lm_saved):
+    """stdout to a pipe (not a TTY): full width, no ellipsis, even with a
+    terminal width of 80 in the environment."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "predictor.cli", "sweep", lm_saved, "--gpus",
+                           "all", "-b", "2,4"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) > 80
+    assert "H100-SXM5-80GB" in proc.stdout and "$/M samples" in proc.stdout

@@ -45,10 +45,24 @@ def add_format_arguments(p: argparse.ArgumentParser, json_help: str = "print a J
     fmt.add_argument("--csv", action="store_true", help=csv_help)
 
 
+# Width of a console that is not a terminal: output piped to a file or another
+# program gets every value in full, never cut or wrapped at 80 columns.
+PIPE_WIDTH = 100_000
+
+
 def console(stderr: bool = False):
+    """A rich console on stdout (or stderr): a terminal's width on a TTY, else
+    unlimited, so that tables are never truncated (no "…") when piped."""
+    import sys
+
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return Console(stderr=stderr, highlight=False, width=None if tty else PIPE_WIDTH)
 
 
 def load_specs(files: Sequence[str]) -> None:
