@@ -92,6 +92,31 @@ def test_tokens_per_s_in_every_sweep_format(lm_saved, tmp_path, capsys):
     assert "tokens/s" in capsys.readouterr().out
 
 
+# ---- peak memory and fits in the predict table ------------------------------
+
+def test_predict_table_shows_peak_memory_and_fits(lm_factory, capsys):
+    assert cli.main(["predict", lm_factory, "--gpus", "T4,L4"]) == 0
+    out = capsys.readouterr().out
+    assert "peak GiB" in out and "fits" in out and "yes" in out
+    assert "does not fit" not in out
+
+
+def test_predict_says_when_nothing_fits(lm_factory, capsys):
+    args = ["predict", lm_factory, "--gpus", "T4,L4", "-b", "1000000"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "NO" in out and "does not fit on any of these GPUs" in out
+    assert cli.main(args + ["--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert all(row["fits"] is False and row["memory_gb"] > 16 for row in js["predictions"])
+    assert any("does not fit" in n for n in js["notes"])
+    assert cli.main(args + ["--csv"]) == 0
+    captured = capsys.readouterr()
+    header = captured.out.splitlines()[0].split(",")
+    assert "memory_gb" in header and "fits" in header
+    assert "does not fit" in captured.err
+
+
 # ---- output to a pipe ---------------------------------------------------------
 
 def test_piped_output_is_never_cut(lm_saved):

@@ -47,12 +47,13 @@ def run(args: argparse.Namespace) -> int:
     res = engine.sweep(graph, gpus, [graph.batch_size], dtype=args.dtype,
                        tf32_matmul=args.tf32 or None, calibration=cal)
     df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
+    lines = notes(graph) + memory_notes(res)
     if args.json:
         out = {
             "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,
             "mode": graph.mode, "optimizer": graph.optimizer, "dtype": args.dtype or "as traced",
             "parameters": graph.parameters, "flops_per_iteration": graph.flops(),
-            "unsupported_ops": graph.unsupported, "notes": notes(graph),
+            "unsupported_ops": graph.unsupported, "notes": lines,
             "predictions": [
                 {k: (float(v) if k.endswith("_ms") or k in ("throughput", "tokens_per_s") else v)
                  for k, v in row.items() if k != "batch_size"}
@@ -63,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         df.insert(0, "model", graph.name)
         print(df.to_csv(index=False), end="")
-        print_notes_stderr(notes(graph))
+        print_notes_stderr(lines)
         return 0
-    print_table(graph, df)
+    print_table(graph, df, lines, res.max_memory_fraction)
     if args.breakdown:
         fastest = next(g for g in gpus if g.id == df["gpu"][0])
         pred = engine.predict(graph, fastest, dtype=args.dtype, tf32_matmul=args.tf32 or None,
@@ -74,7 +75,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_table(graph, df) -> None:
+def memory_notes(res) -> list[str]:
+    """A warning when the model fits on none of the GPUs predicted."""
+    if res.memory_bytes is None or res.fits.any():
+        return []
+    return [f"does not fit on any of these GPUs: peak {res.memory_gb.min():,.1f} GiB or more, "
+            f"above {res.max_memory_fraction:.0%} of each GPU's memory (the times assume it ran; "
+            "try a smaller batch)"]
+
+
+def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
     from rich.table import Table
 
     flops = sum(graph.flops().values())
@@ -84,16 +94,20 @@ def print_table(graph, df) -> None:
     table = Table(title=title, title_justify="left")
     table.add_column("GPU", no_wrap=True)
     tokens = "tokens_per_s" in df  # the input has a sequence dim (graph.seq_len)
+    memory = bool(df["memory_gb"].notna().any())  # peak memory modelled
     for label in ("iter ms", "fwd ms", "bwd ms", "opt ms", "host ms", "samples/s") \
-            + (("tokens/s",) if tokens else ()):
+            + (("tokens/s",) if tokens else ()) + (("peak GiB", "fits") if memory else ()):
         table.add_column(label, justify="right", no_wrap=True)
     for row in df.itertuples():
         # host ms: CPU dispatch/launch time the GPU waits for (included in the phases).
         host = getattr(row, "overhead_ms", 0.0)
+        fits = bool(row.fits)
         table.add_row(row.gpu, f"{row.iteration_ms:,.2f}", f"{row.forward_ms:,.2f}",
                       f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}", f"{host:,.2f}",
                       f"{row.throughput:,.1f}",
-                      *((f"{row.tokens_per_s:,.0f}",) if tokens else ()))
+                      *((f"{row.tokens_per_s:,.0f}",) if tokens else ()),
+                      *((f"{row.memory_gb:,.1f}", "yes" if fits else "NO") if memory else ()),
+                      style=None if fits or not memory else "red")
     out = console()
     out.print(table)
     n_ops = int(graph.ops.count.sum())
@@ -102,7 +116,10 @@ def print_table(graph, df) -> None:
         names = ", ".join(f"{k}×{v}" for k, v in sorted(graph.unsupported.items()))
         note += (f"\n{sum(graph.unsupported.values())} op(s) without a family model, "
                  f"estimated from bytes moved: {names}")
-    for line in notes(graph):
+    if memory and not df["fits"].all() and df["fits"].any():
+        note += (f"\nfits NO: the predicted peak is above {fraction:.0%} of the GPU's "
+                 "memory (an out-of-memory error)")
+    for line in lines:
         note += f"\n{line}"
     out.print(note, style="dim")
 
