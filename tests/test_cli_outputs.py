@@ -134,3 +134,28 @@ def test_piped_output_is_never_cut(lm_saved):
     assert "…" not in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) > 80
     assert "H100-SXM5-80GB" in proc.stdout and "$/M samples" in proc.stdout
+
+
+# ---- --seq-len where it does not apply ------------------------------------------
+
+@pytest.mark.parametrize("command", ["predict", "sweep"])
+@pytest.mark.parametrize("model", ["resnet50", "factory"])
+def test_seq_len_is_refused_where_it_does_not_apply(command, model, lm_factory, capsys):
+    import sys
+
+    name = lm_factory if model == "factory" else model
+    with pytest.raises(SystemExit) as exc:
+        sys.exit(cli.main([command, name, "--seq-len", "1024", "--gpus", "T4"]))
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "--seq-len" in err and "does not apply" in err and "\n" not in err
+    assert "seq 1024" not in captured.out
+
+
+def test_seq_len_that_disagrees_with_the_inputs_is_refused():
+    import torch
+
+    with pytest.raises(predictor.InvalidArgumentError, match="sequence length 8"):
+        predictor.trace(torch.nn.Embedding(10, 4), (torch.zeros(2, 8, dtype=torch.long),),
+                        seq_len=16)

@@ -131,6 +131,13 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
             raise InvalidArgumentError(
                 f"{model}: ONNX files are not supported by this version of the fx frontend")
         entry = zoo.resolve(model)
+        if seq_len is not None and entry.default_seq_len is None:
+            # Never a sequence length in the results that the trace did not use.
+            raise InvalidArgumentError(
+                f"the sequence length (--seq-len) does not apply to {entry.name}: "
+                + ("a factory's example inputs set every shape; return inputs of the length "
+                   "you want" if entry.family == "custom" else
+                   "it takes no sequence input"))
         b = batch_size if batch_size is not None else entry.default_batch_size
         s = seq_len if seq_len is not None else entry.default_seq_len
         # Validate the sequence length up front (make_inputs checks limits).
@@ -321,10 +328,10 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     optimizer: "adam", "adamw", "sgd" or None (no optimizer step).
     mode: "train" (forward + loss + backward + optimizer) or "inference" (no-grad forward).
     batch_dim: the input dim that is the batch (None: nothing scales with it).
-    seq_len: a zoo text model's sequence length; for a model object its
-        inputs set the shapes, and ``Graph.seq_len`` is their length when not
-        given: dim 1 of ``input_ids`` or of the first 2-D integer input (token
-        ids), else None.
+    seq_len: a zoo text model's sequence length (refused for models without one:
+        vision models, factories); for a model object its inputs set the
+        shapes, and ``Graph.seq_len`` is their length: dim 1 of ``input_ids`` or
+        of the first 2-D integer input (token ids), else None.
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
@@ -352,6 +359,11 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     except Exception as exc:  # noqa: BLE001 — any failure inside user code
         raise TraceError(f"could not trace {spec.name}: {_one_line(exc)} ({_hint(exc)})") from exc
     seq = spec.seq_len if spec.seq_len is not None else spec.input_seq_len
+    if (not isinstance(model, str) and spec.seq_len is not None
+            and spec.input_seq_len not in (None, spec.seq_len)):
+        raise InvalidArgumentError(
+            f"seq_len={spec.seq_len} but {spec.name}'s example inputs have sequence length "
+            f"{spec.input_seq_len}; the inputs set the shapes")
     lowered = lower(gm, marks, sentinel, spec.batch_size)
     mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel)
     graph = Graph(
