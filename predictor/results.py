@@ -241,9 +241,10 @@ class SweepResult:
         })
 
     def best(self, objective: str = "throughput", *, fitting: bool = True):
-        """Best batch size per GPU by `objective` ('throughput' or 'time'),
-        among the configurations that fit in memory (``fitting=False``: among
-        all). A GPU on which nothing fits has no row."""
+        """Best batch size per GPU by `objective` ('throughput': most samples/s,
+        or 'time': least ms per iteration), among the configurations that fit
+        in memory (``fitting=False``: among all); rows ranked by the same
+        objective, best first. A GPU on which nothing fits has no row."""
         if objective not in ("throughput", "time"):
             raise InvalidArgumentError(
                 f"unknown objective {objective!r}; choose 'throughput' or 'time'")
@@ -252,6 +253,7 @@ class SweepResult:
             df = df[df["fits"]]
         if objective == "time":
             idx = df.groupby("gpu", sort=False)["iteration_ms"].idxmin()
-        else:
-            idx = df.groupby("gpu", sort=False)["throughput"].idxmax()
-        return df.loc[idx].sort_values("iteration_ms").reset_index(drop=True)
+            return df.loc[idx].sort_values("iteration_ms", kind="stable").reset_index(drop=True)
+        idx = df.groupby("gpu", sort=False)["throughput"].idxmax()
+        return (df.loc[idx].sort_values("throughput", ascending=False, kind="stable")
+                .reset_index(drop=True))

@@ -159,3 +159,25 @@ def test_seq_len_that_disagrees_with_the_inputs_is_refused():
     with pytest.raises(predictor.InvalidArgumentError, match="sequence length 8"):
         predictor.trace(torch.nn.Embedding(10, 4), (torch.zeros(2, 8, dtype=torch.long),),
                         seq_len=16)
+
+
+# ---- SweepResult.best() ranks by its objective --------------------------------
+
+def _two_gpu_sweep():
+    """P4 best at batch 64 (6.4 ms: 10,000 samples/s), T4 best at batch 128
+    (10 ms: 12,800 samples/s): faster iterations, lower throughput on the P4."""
+    from predictor.results import SweepResult
+
+    batches = np.array([64, 128])
+    ms = np.array([[[6.4, 0, 0], [20.0, 0, 0]],     # P4 at 64, 128: 10,000, 6,400 samples/s
+                   [[9.0, 0, 0], [10.0, 0, 0]]])    # T4 at 64, 128: 7,111, 12,800 samples/s
+    return SweepResult(model="m", gpus=["P4", "T4"], batch_sizes=batches, phase_ms=ms)
+
+
+def test_best_ranks_by_throughput_not_iteration_time():
+    best = _two_gpu_sweep().best()
+    assert list(best["gpu"]) == ["T4", "P4"]
+    assert list(best["batch_size"]) == [128, 64]
+    assert best["throughput"].is_monotonic_decreasing
+    by_time = _two_gpu_sweep().best("time")
+    assert list(by_time["gpu"]) == ["P4", "T4"] and by_time["iteration_ms"].is_monotonic_increasing
