@@ -181,3 +181,17 @@ def test_best_ranks_by_throughput_not_iteration_time():
     assert best["throughput"].is_monotonic_decreasing
     by_time = _two_gpu_sweep().best("time")
     assert list(by_time["gpu"]) == ["P4", "T4"] and by_time["iteration_ms"].is_monotonic_increasing
+
+
+# ---- fits is a bool everywhere -------------------------------------------------
+
+def test_fits_is_a_bool_in_every_output(lm_saved, lm_factory, lm_graph, capsys):
+    assert cli.main(["sweep", lm_saved, "--gpus", "T4,L4", "-b", "2,4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(type(row["fits"]) is bool for row in out["best"] + out["grid"])
+    assert all(type(row["batch_size"]) is int for row in out["grid"])
+    assert cli.main(["predict", lm_factory, "--gpus", "T4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(type(row["fits"]) is bool for row in out["predictions"])
+    assert type(predictor.predict(lm_graph, "T4").fits) is bool
+    assert predictor.sweep(lm_graph, ["T4"], [2]).to_pandas()["fits"].dtype == bool

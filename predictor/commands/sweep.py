@@ -103,10 +103,15 @@ def _add_cost(best, res) -> None:
 
 
 def _records(df) -> list[dict]:
+    """JSON records: NaN as null, batch sizes as ints, flags (fits) as bools,
+    other numbers as floats."""
+    import numpy as np
+
     out = []
     for row in df.to_dict(orient="records"):
         out.append({k: (None if isinstance(v, float) and not math.isfinite(v)
-                        else int(v) if k == "batch_size" else
+                        else bool(v) if isinstance(v, (bool, np.bool_)) else
+                        int(v) if k == "batch_size" else
                         float(v) if not isinstance(v, str) else v)
                     for k, v in row.items()})
     return out
