@@ -43,6 +43,12 @@ CANDIDATES = {
                             / (_gpu_column(s, L.G_L2_MB) * 1048576.0)),
     # Board power, clamped to 50-250 W, log2 of the fraction of 250 W.
     "power": lambda s: np.log2(np.clip(_gpu_column(s, L.G_TDP_W), 50.0, 250.0) / 250.0),
+    # Board power per peak FP32 TFLOP/s, log2: how far a power cap holds the
+    # clock below boost under full load.
+    "wpf": lambda s: np.log2(_gpu_column(s, L.G_TDP_W) / _gpu_column(s, L.G_FP32_TFLOPS)),
+    # The ridge point (peak FLOP/s over bandwidth), log2 flop/byte.
+    "ridge": lambda s: np.log2(_gpu_column(s, L.G_FP32_TFLOPS) * 1e3
+                               / _gpu_column(s, L.G_MEM_BW_GBS)),
 }
 
 
