@@ -195,3 +195,57 @@ def test_fits_is_a_bool_in_every_output(lm_saved, lm_factory, lm_graph, capsys):
     assert all(type(row["fits"]) is bool for row in out["predictions"])
     assert type(predictor.predict(lm_graph, "T4").fits) is bool
     assert predictor.sweep(lm_graph, ["T4"], [2]).to_pandas()["fits"].dtype == bool
+
+
+# ---- bfloat16 on GPUs without bf16 tensor cores ---------------------------------
+
+BF16_GPUS = "V100-SXM2-32GB,T4,A100-SXM4-80GB"
+
+
+def _bf16_note(lines):
+    hits = [n for n in lines if "no bf16 tensor cores" in n]
+    assert len(hits) == 1, lines
+    assert "V100-SXM2-32GB" in hits[0] and "T4" in hits[0] and "A100" not in hits[0]
+    return hits[0]
+
+
+def test_bf16_without_tensor_cores_is_said_in_every_format(lm_factory, lm_saved, capsys):
+    base = ["predict", lm_factory, "--gpus", BF16_GPUS, "--dtype", "bfloat16"]
+    assert cli.main(base) == 0
+    _bf16_note(capsys.readouterr().out.splitlines())
+    assert cli.main(base + ["--json"]) == 0
+    _bf16_note(json.loads(capsys.readouterr().out)["notes"])
+    assert cli.main(base + ["--csv"]) == 0
+    captured = capsys.readouterr()
+    _bf16_note(captured.err.splitlines())
+    assert "bf16" not in captured.out
+    sweep = ["sweep", lm_saved, "--gpus", BF16_GPUS, "-b", "2", "--dtype", "bfloat16"]
+    assert cli.main(sweep) == 0
+    _bf16_note(capsys.readouterr().out.splitlines())
+    assert cli.main(sweep + ["--json"]) == 0
+    _bf16_note(json.loads(capsys.readouterr().out)["notes"])
+    search = ["search", lm_saved, "--gpus", BF16_GPUS, "-b", "2", "--dtype", "bfloat16"]
+    assert cli.main(search) == 0
+    _bf16_note(capsys.readouterr().out.splitlines())
+    assert cli.main(search + ["--json"]) == 0
+    _bf16_note(json.loads(capsys.readouterr().out)["notes"])
+    # fp32, or GPUs with bf16 tensor cores: nothing to say.
+    assert cli.main(["predict", lm_factory, "--gpus", BF16_GPUS, "--json"]) == 0
+    assert not any("bf16" in n for n in json.loads(capsys.readouterr().out)["notes"])
+    assert cli.main(["predict", lm_factory, "--gpus", "A100-SXM4-80GB", "--dtype", "bfloat16",
+                     "--json"]) == 0
+    assert not any("bf16" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def test_no_bf16_tensor_core_peak_without_bf16_support():
+    from predictor import hardware
+    from predictor.kernels import layout as L
+
+    for gid in ("V100-SXM2-32GB", "T4", "P100-PCIE-16GB"):
+        f = hardware.get(gid).features
+        assert f[L.G_BF16_TFLOPS] <= f[L.G_FP32_TFLOPS]
+    spec = {"id": "X-NOBF16", "name": "x", "vendor": "nvidia", "sms": 80,
+            "boost_clock_mhz": 1500, "memory_bw_gbs": 900, "memory_gb": 32,
+            "fp32_tflops": 15.0, "bf16_tflops": 120.0, "bf16_supported": False}
+    f = hardware._gpu_from_spec(spec, "test").features
+    assert f[L.G_BF16_TFLOPS] == 15.0

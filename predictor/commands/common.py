@@ -62,7 +62,9 @@ def console(stderr: bool = False):
         tty = stream.isatty()
     except (AttributeError, ValueError):
         tty = False
-    return Console(stderr=stderr, highlight=False, width=None if tty else PIPE_WIDTH)
+    # markup=False: names from users and files ("[/x]") are printed as written.
+    return Console(stderr=stderr, highlight=False, markup=False,
+                   width=None if tty else PIPE_WIDTH)
 
 
 def load_specs(files: Sequence[str]) -> None:
@@ -72,10 +74,29 @@ def load_specs(files: Sequence[str]) -> None:
         hardware.load_specs(f)
 
 
-def notes(graph) -> list[str]:
+def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     """One-line notes every output format shows (table: under it; --json: a
-    "notes" list; --csv: on stderr): how the step was traced."""
-    return list(getattr(graph, "notes", None) or [])
+    "notes" list; --csv: on stderr): how the step was traced, and bf16 asked
+    of GPUs without bf16 tensor cores."""
+    out = list(getattr(graph, "notes", None) or [])
+    bf16 = dtype == "bfloat16" or dtype is None and _traced_in_bf16(graph)
+    lacking = [g.id for g in gpus if bf16 and g.spec.get("bf16_supported", True) is False]
+    if lacking:
+        out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "
+                   "convolutions are predicted at the fp32 rate there, other ops at "
+                   "bfloat16's halved memory traffic")
+    return out
+
+
+def _traced_in_bf16(graph) -> bool:
+    """Whether most of the traced step's rows are bfloat16."""
+    import numpy as np
+
+    from predictor.kernels import layout as L
+
+    dtypes = getattr(getattr(graph, "ops", None), "dtype", None)
+    return dtypes is not None and len(dtypes) > 0 and \
+        float(np.mean(np.asarray(dtypes) == L.BF16)) > 0.5
 
 
 def print_notes_stderr(lines: Sequence[str]) -> None:
@@ -102,7 +123,9 @@ def trace_from_args(args: argparse.Namespace):
 
     mode = "inference" if getattr(args, "inference", False) else "train"
     optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
-    with console(stderr=True).status(f"tracing {args.model} ...", spinner="dots"):
+    from predictor.io import markup_safe
+
+    with console(stderr=True).status(f"tracing {markup_safe(args.model)} ...", spinner="dots"):
         return predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                                optimizer=optimizer, mode=mode)
 

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     res = engine.sweep(graph, gpus, [graph.batch_size], dtype=args.dtype,
                        tf32_matmul=args.tf32 or None, calibration=cal)
     df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
-    lines = notes(graph) + memory_notes(res)
+    lines = notes(graph, gpus, args.dtype) + memory_notes(res)
     if args.json:
         out = {
             "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,

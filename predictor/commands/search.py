@@ -11,7 +11,8 @@ from pathlib import Path
 
 from predictor.commands.common import (add_format_arguments, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, console, load_graph,
-                                       load_specs, parse_batch_sizes, positive_int)
+                                       load_specs, notes, parse_batch_sizes, positive_int,
+                                       print_notes_stderr)
 
 NAME = "search"
 
@@ -140,19 +141,21 @@ def run(args: argparse.Namespace) -> int:
 
         with console(stderr=True).status("writing the report ...", spinner="dots"):
             report = write_report(result, args.report, graph)
+    lines = notes(graph, gpus, args.dtype)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps({**result.to_dict(), "notes": lines}, indent=2))
         return 0
     if args.csv:
         df = result.to_pandas()
         df.insert(0, "model", graph.name)
         print(df.to_csv(index=False), end="")
+        print_notes_stderr(lines)
         return 0
-    print_table(graph, result, args.top, args.all, report)
+    print_table(graph, result, args.top, args.all, report, lines)
     return 0
 
 
-def print_table(graph, result, top: int, show_all: bool, report) -> None:
+def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> None:
     from rich.table import Table
 
     from predictor.commands.common import fmt
@@ -216,4 +219,5 @@ def print_table(graph, result, top: int, show_all: bool, report) -> None:
         note.append("nothing fits: try smaller batch sizes, --dtype bfloat16, or more GPUs")
     if report is not None:
         note.append(f"report: {report}")
+    note.extend(lines)
     out.print("\n".join(note), style="dim")

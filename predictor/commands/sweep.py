@@ -81,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
             "model": graph.name, "mode": graph.mode, "optimizer": graph.optimizer,
             "seq_len": graph.seq_len, "dtype": args.dtype or "as traced",
             "batch_sizes": [int(b) for b in res.batch_sizes], "gpus": res.gpus,
-            "best": _records(best), "grid": _records(df), "notes": notes(graph),
+            "best": _records(best), "grid": _records(df), "notes": notes(graph, gpus, args.dtype),
         }, indent=2))
         return 0
-    print_best(graph, args, res, best, seconds)
+    print_best(graph, args, res, best, seconds, notes(graph, gpus, args.dtype))
     return 0
 
 
@@ -125,7 +125,7 @@ def _title(graph, args) -> str:
     return " · ".join(parts)
 
 
-def print_best(graph, args, res, best, seconds: float) -> None:
+def print_best(graph, args, res, best, seconds: float, lines=()) -> None:
     from rich.table import Table
 
     from predictor.commands.common import fmt
@@ -167,6 +167,6 @@ def print_best(graph, args, res, best, seconds: float) -> None:
              f"graph: {args.save_graph}" if args.save_graph else ""]
     if any(extra):
         note += "\nwrote " + ", ".join(e for e in extra if e)
-    for line in notes(graph):
+    for line in lines:
         note += f"\n{line}"
     out.print(note, style="dim")
