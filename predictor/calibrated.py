@@ -25,22 +25,109 @@ ratio cannot carry:
   so it is separated out: the kernels scale ``measured - fresh(b_cal)`` and
   ``fresh(b)`` is added back.
 
+- **how far to trust the ratio**: the ratio carries the model's error on the
+  origin over whole, which helps only as far as that error recurs on the
+  target. On another chip the ratio is blended with the pure prediction,
+  ``log t = w log(cal_us f_t / f_o) + (1 - w) log f_t``, i.e.
+  ``t = f_t (cal_us / f_o) ** w``, with one ``w`` in [0, 1] per learned model
+  group fitted leave-one-GPU-out on measured kernels
+  (``predictor.calibration.blend``; shipped in
+  ``weights/calibration_blend.json``). Boards of one chip (same architecture
+  and SM count, the origin itself included) and rows of the analytical-only
+  families keep the plain ratio (w = 1). The kernels compute
+  ``cal * f_t / f_o``; a blended row passes them ``cal ** w * f_o ** (1 - w)``
+  in place of ``cal``, which gives exactly the blend and stays positive.
+
 All of it is numpy over rows, once per batch size; nothing per configuration.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+from importlib import resources
+
 import numpy as np
 
+from predictor import hardware
 from predictor import overhead as host
-from predictor.errors import InvalidArgumentError
+from predictor.errors import InvalidArgumentError, WeightsError
 from predictor.hardware import GPU
 from predictor.kernels import layout as L
+from predictor.kernels.features import GROUP_NAMES, group_of
+from predictor.kernels.grid import calibration_denominators
 from predictor.kernels.grid import evaluate_grid as grid
 from predictor.kernels.grid import evaluate_ops as per_op
 from predictor.kernels.roofline import P_LAUNCH_US
 
 MIB = 2.0 ** 20
+BLEND_FILE = "calibration_blend.json"
+BLEND_FORMAT = 1
+
+
+# ------------------------------------------------------------------ blend --
+
+def alike(a, b) -> bool:
+    """Whether two GPUs (ids or records) are boards of one chip: the same
+    architecture and SM count. Their ratio is Habitat's plain one."""
+    if str(getattr(a, "id", a)) == str(getattr(b, "id", b)):
+        return True
+    try:
+        ga, gb = hardware.get(a), hardware.get(b)
+    except Exception:  # noqa: BLE001 - an unknown device is like no other
+        return False
+    arch_a, arch_b = ga.spec.get("architecture"), gb.spec.get("architecture")
+    return bool(arch_a) and arch_a == arch_b and \
+        float(ga.features[L.G_SMS]) == float(gb.features[L.G_SMS])
+
+
+def read_blend(path) -> np.ndarray:
+    """Blend weight per row family [N_FAMILIES] from a ``calibration_blend.json``
+    (written by ``predictor train-models``); families of no fitted group: 1."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode())
+        fitted = doc["weights"]
+        if doc.get("format") != BLEND_FORMAT or not isinstance(fitted, dict):
+            raise ValueError(f"expected format {BLEND_FORMAT} with a 'weights' object")
+        w = {str(k): float(v) for k, v in fitted.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise WeightsError(f"{path}: not a readable calibration blend file ({exc})") from exc
+    bad = [k for k, v in w.items() if k not in GROUP_NAMES or not (0.0 <= v <= 1.0)]
+    if bad:
+        raise WeightsError(f"{path}: damaged calibration blend file (unknown group or weight "
+                           f"outside [0, 1]: {', '.join(map(str, bad))})")
+    out = np.ones(L.N_FAMILIES)
+    for fam in range(L.N_FAMILIES):
+        g = group_of(fam)
+        if g >= 0:
+            out[fam] = w.get(GROUP_NAMES[g], 1.0)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def blend_weights() -> np.ndarray:
+    """The shipped blend weight per row family (all 1, the plain ratio, when
+    the package ships none)."""
+    ref = resources.files("predictor").joinpath("weights", BLEND_FILE)
+    if not ref.is_file():
+        return np.ones(L.N_FAMILIES)
+    with resources.as_file(ref) as path:
+        return read_blend(path)
+
+
+def blend(cal_us: np.ndarray, f_origin: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """What the kernels' ``cal * f_t / f_o`` needs in place of `cal_us` to give
+    the blend ``f_t * (cal / f_o) ** w``: ``cal ** w * f_o ** (1 - w)``, per row
+    (rows without a measurement, or no model time, are left as they are)."""
+    cal_us = np.asarray(cal_us, dtype=np.float64)
+    f_origin = np.asarray(f_origin, dtype=np.float64)
+    w = np.broadcast_to(np.asarray(w, dtype=np.float64), cal_us.shape)
+    ok = (cal_us > 0) & (f_origin > 0) & (w < 1.0)
+    out = cal_us.copy()
+    out[ok] = np.exp(w[ok] * np.log(cal_us[ok]) + (1.0 - w[ok]) * np.log(f_origin[ok]))
+    return out
 
 
 def model_params_for(device_info, params: np.ndarray) -> np.ndarray:
@@ -145,6 +232,29 @@ class Scaling:
             self.extra_us = np.zeros(len(ops))
         self.params = model_params_for(info, params)
         self.measured = self.cal_us > 0
+        self._blended = None
+        self._args = (ops, cal.device, info.is_cpu)
+
+    def cal_us_for(self, gpu_id: str | None, mlp: np.ndarray,
+                   same_chip: bool | None = None) -> np.ndarray:
+        """The measurements the kernels scale for a target GPU: as measured on
+        the origin's chip, blended with the pure model elsewhere (see `blend`;
+        `same_chip`: `alike(origin, gpu_id)` if the caller knows it)."""
+        ops, device, is_cpu = self._args
+        if same_chip is None:
+            same_chip = alike(device, gpu_id)
+        if is_cpu or same_chip or not self.measured.any():
+            return self.cal_us
+        if self._blended is None:
+            w = blend_weights()[ops.family]
+            if (w >= 1.0).all():
+                self._blended = self.cal_us
+            else:
+                f_o = calibration_denominators(ops.family, ops.dtype, ops.kernels, ops.dbase,
+                                               ops.dslope, self.params, mlp, self.cal_us,
+                                               self.cal_batch, self.origin)
+                self._blended = blend(self.cal_us, f_o, w)
+        return self._blended
 
     def basis(self, default: np.ndarray) -> np.ndarray:
         """Per-row basis codes: calibrated where measured, else `default`."""
@@ -189,6 +299,17 @@ def check_compatible(calibration, graph, ops, tf32_matmul=None, tf32_conv=None) 
                 f"asks for {flag}={wanted}: calibrate again with that setting")
 
 
+def gpu_of(gpu_row: np.ndarray, calibration) -> str | None:
+    """The id of the GPU whose feature row is `gpu_row`: the calibrated device
+    if it is its row, else the one database GPU with that row (None: none or
+    several, which `alike` treats as another chip)."""
+    row = np.asarray(gpu_row, dtype=np.float64)
+    if np.array_equal(row, calibration.origin):
+        return calibration.device
+    found = [g.id for g in hardware.database() if np.array_equal(g.features, row)]
+    return found[0] if len(found) == 1 else None
+
+
 def _phase_sum(per_row_us: np.ndarray, ops) -> np.ndarray:
     """Per-phase ms of a per-row time (one execution) times each row's count."""
     return np.bincount(ops.phase, weights=per_row_us * ops.count * 1e-3,
@@ -208,13 +329,21 @@ def evaluate_grid(calibration, graph, ops, batches: np.ndarray, gpu_ids: list[st
         mlp = np.zeros(0)  # the learned models know GPUs, not CPUs
     out = np.zeros((len(gpu_ids), len(batches), len(L.PHASE_NAMES)))
     exposed = np.zeros_like(out)
+    same_chip = [info.is_cpu or alike(calibration.device, gid) for gid in gpu_ids]
     for bi, b in enumerate(batches):
         s = Scaling(calibration, ops, int(b), params)
-        cell = np.zeros((len(gpu_ids), 1, len(L.PHASE_NAMES)))
-        grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase, ops.dslope,
-             np.asarray([b], dtype=np.int64), feats, s.params, mlp, s.cal_us, s.cal_batch,
-             s.origin, cell)
-        out[:, bi, :] = cell[:, 0, :] + _phase_sum(s.extra_us, ops)[None, :]
+        # GPUs that scale the same measurements (the plain ratio on the
+        # origin's chip, the blend elsewhere) run as one grid.
+        sets: dict[int, tuple[np.ndarray, list[int]]] = {}
+        for gi, gid in enumerate(gpu_ids):
+            cal_us = s.cal_us_for(gid, mlp, same_chip[gi])
+            sets.setdefault(id(cal_us), (cal_us, []))[1].append(gi)
+        for cal_us, idx in sets.values():
+            cell = np.zeros((len(idx), 1, len(L.PHASE_NAMES)))
+            grid(ops.family, ops.phase, ops.dtype, ops.count, ops.kernels, ops.dbase,
+                 ops.dslope, np.asarray([b], dtype=np.int64), np.ascontiguousarray(feats[idx]),
+                 s.params, mlp, cal_us, s.cal_batch, s.origin, cell)
+            out[idx, bi, :] = cell[:, 0, :] + _phase_sum(s.extra_us, ops)[None, :]
     on_origin = np.array([g == calibration.device for g in gpu_ids], dtype=bool)
     model = calibration.overhead
     if model.points > 0 and on_origin.any():
@@ -231,14 +360,20 @@ def evaluate_grid(calibration, graph, ops, batches: np.ndarray, gpu_ids: list[st
 
 
 def evaluate_ops(calibration, ops, batch: int, gpu_row: np.ndarray, params: np.ndarray,
-                 mlp: np.ndarray, default_basis: np.ndarray | None = None):
-    """(per-row us of one execution, per-row basis codes) at `batch` on one GPU."""
+                 mlp: np.ndarray, default_basis: np.ndarray | None = None,
+                 gpu_id: str | None = None):
+    """(per-row us of one execution, per-row basis codes) at `batch` on one GPU
+    (`gpu_id`: its id, which decides the blend; None: the GPU whose feature
+    row is `gpu_row`)."""
     if calibration.is_cpu:
         mlp = np.zeros(0)
     s = Scaling(calibration, ops, int(batch), params)
+    if gpu_id is None:
+        gpu_id = gpu_of(gpu_row, calibration)
+    cal_us = s.cal_us_for(gpu_id, mlp)
     out = np.zeros(len(ops))
     per_op(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(batch), gpu_row,
-           s.params, mlp, s.cal_us, s.cal_batch, s.origin, out)
+           s.params, mlp, cal_us, s.cal_batch, s.origin, out)
     out += s.extra_us
     if default_basis is None:
         default_basis = np.full(len(ops), L.BASIS_ANALYTICAL, dtype=np.int64)

@@ -175,7 +175,9 @@ def _gpu_calibration(graph, gpu_id="V100-PCIE-32GB", batch=2, tf32_conv=True):
                                              "tf32_conv": tf32_conv})
 
 
-def test_gpu_calibration_scales_by_model_ratio(cnn_graph):
+def test_gpu_calibration_scales_by_model_ratio(cnn_graph, monkeypatch):
+    # The plain ratio (w = 1); tests/test_calibration_blend.py covers the blend.
+    monkeypatch.setattr("predictor.calibrated.blend_weights", lambda: np.ones(L.N_FAMILIES))
     cal = _gpu_calibration(cnn_graph)
     measured = cal.measured_us[0]
     pure_origin = predictor.predict(cnn_graph, cal.device, batch_size=2).op_us

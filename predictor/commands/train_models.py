@@ -1,4 +1,7 @@
-"""`predictor train-models`: reproduce the shipped per-op model weights."""
+"""`predictor train-models`: reproduce the shipped per-op model weights
+(opmodels.npz, about a minute) and, with ``--blend`` / ``--blend-only``, the
+calibrated mode's blend weights (calibration_blend.json: five op models
+trained leave-one-GPU-out, 5-6 minutes; ``predictor.calibration.blend``)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,13 @@ def add_parser(sub) -> None:
                    help="where to write opmodels.npz (default: the package's weights folder)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--blend", action="store_true",
+                   help="also fit calibrated mode's blend weights (calibration_blend.json; "
+                        "trains one model per GPU held out, 5-6 minutes)")
+    p.add_argument("--blend-only", action="store_true",
+                   help="fit calibration_blend.json only; leave opmodels.npz as it is")
+    p.add_argument("--models-cache", default=None, metavar="DIR",
+                   help="keep (and reuse) the held-out models of the blend fit in DIR")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,10 +41,20 @@ def run(args: argparse.Namespace) -> int:
     from predictor.calibration import train as T
 
     out = Path(args.out) if args.out else Path(opmodel.__file__).resolve().parent / "weights"
-    bar = tqdm(total=args.epochs * len(T.SHIPPED_GROUPS), desc="training", unit="epoch", leave=False)
-    mlp, meta = T.train_from_data(args.data, out, seed=args.seed, epochs=args.epochs,
-                                  progress=bar.update)
-    bar.close()
-    console().print(f"wrote {out / T.WEIGHTS_FILE}: {meta['samples']:,} measured ops on "
-                    f"{', '.join(meta['gpus'])}; {mlp.size:,} weights")
+    if not args.blend_only:
+        bar = tqdm(total=args.epochs * len(T.SHIPPED_GROUPS), desc="training", unit="epoch",
+                   leave=False)
+        mlp, meta = T.train_from_data(args.data, out, seed=args.seed, epochs=args.epochs,
+                                      progress=bar.update)
+        bar.close()
+        console().print(f"wrote {out / T.WEIGHTS_FILE}: {meta['samples']:,} measured ops on "
+                        f"{', '.join(meta['gpus'])}; {mlp.size:,} weights")
+    if args.blend or args.blend_only:
+        from predictor.calibration import blend as B
+
+        cache = Path(args.models_cache) if args.models_cache else None
+        w, meta = B.fit_and_save(args.data, out, seed=args.seed, epochs=args.epochs, cache=cache,
+                                 log=console().print)
+        console().print(f"wrote {out / B.BLEND_FILE}: w " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(w.items())) + f" ({len(meta['pairs'])} GPU pairs)")
     return 0
