@@ -12,6 +12,9 @@ from typing import Sequence
 
 from predictor import __version__
 from predictor.errors import PredictorError
+from predictor.io import printable
+
+MAX_ERROR_CHARS = 2000
 
 # Subcommand modules, in the order `--help` lists them.
 COMMANDS = ("predict", "sweep", "search", "calibrate", "gpus", "zoo", "train-models")
@@ -62,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return modules[args.command].run(args)
     except PredictorError as exc:
-        print(f"predictor: error: {exc}", file=sys.stderr)
+        # One line: control characters shown as escapes, a huge name cut short.
+        print(f"predictor: error: {printable(exc, MAX_ERROR_CHARS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("predictor: interrupted", file=sys.stderr)

@@ -2,8 +2,23 @@
 print one line and exit 2 instead of a traceback."""
 
 
+# The longest message an error carries (a name from a file can be megabytes long).
+MAX_MESSAGE_CHARS = 2000
+
+
 class PredictorError(Exception):
-    """Base class: a problem with the user's input, explained in one line."""
+    """Base class: a problem with the user's input, explained in one line.
+
+    The message is made printable where it is raised: the names it quotes come
+    from files and arguments, so control characters (terminal escapes, line
+    breaks) are shown as escapes and its length is capped."""
+
+    def __init__(self, *args, **kwargs):
+        if args and isinstance(args[0], str):
+            from predictor.io import printable
+
+            args = (printable(args[0], MAX_MESSAGE_CHARS), *args[1:])
+        super().__init__(*args, **kwargs)
 
 
 class UnknownModelError(PredictorError, KeyError):

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from predictor.errors import SpecError, UnknownGPUError
+from predictor.io import MiB, printable, read_regular
 from predictor.kernels import layout as L
 
 # Fields every GPU needs for a prediction, with the feature column they fill.
@@ -104,12 +105,25 @@ def _number(spec: dict, key: str, where: str) -> float:
     return float(value)
 
 
+# GPU names are printed in tables, plots and messages: one line of text.
+MAX_NAME_CHARS = 100
+
+
+def _check_name(value: str, key: str, where: str) -> None:
+    if len(value) > MAX_NAME_CHARS:
+        raise SpecError(f"{where}: field '{key}' is {len(value):,} characters long "
+                        f"(at most {MAX_NAME_CHARS})")
+    if printable(value) != value:
+        raise SpecError(f"{where}: field '{key}' has control characters: {printable(value)}")
+
+
 def _gpu_from_spec(spec: dict, where: str) -> GPU:
     if not isinstance(spec, dict):
         raise SpecError(f"{where}: each [[gpu]] entry must be a table")
     gid = spec.get("id")
     if not isinstance(gid, str) or not gid.strip():
         raise SpecError(f"{where}: a [[gpu]] entry has no 'id'")
+    _check_name(gid, "id", f"{where} [{printable(gid)}]")
     where = f"{where} [{gid}]"
     missing = [k for k in REQUIRED if k not in spec]
     if missing:
@@ -143,6 +157,14 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
     aliases = spec.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise SpecError(f"{where}: field 'aliases' must be a list of names, got {aliases!r}")
+    for a in aliases:
+        _check_name(a, "aliases", where)
+    for key in ("name", "vendor"):
+        if key in spec:
+            if not isinstance(spec[key], str):
+                raise SpecError(f"{where}: field '{key}' must be text, got "
+                                f"{printable(repr(spec[key]))}")
+            _check_name(spec[key], key, where)
     if dies > 1:
         for col in (L.G_SMS, L.G_MEM_BW_GBS, L.G_MEMORY_GB, L.G_FP32_TFLOPS, L.G_TF32_TFLOPS,
                     L.G_FP16_TFLOPS, L.G_BF16_TFLOPS, L.G_FP64_TFLOPS, L.G_FP8_TFLOPS):

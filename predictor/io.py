@@ -1,4 +1,7 @@
-"""Atomic file writes: a reader (or a crash) never sees half a file.
+"""File and text safety: atomic writes, bounded reads of regular files, and
+user strings made safe to print or plot.
+
+Atomic file writes: a reader (or a crash) never sees half a file.
 
 Every file the tool writes (calibrations, cached graphs, reports, exported
 tables) goes through these helpers: the data is written to a temporary file in
@@ -12,17 +15,24 @@ the new one, never a mix; at worst a stray ``.<name>.*.tmp`` file stays behind.
     atomic_write_text("report.json", json.dumps(out))   # missing folders are created
     with atomic_writer("table.npz") as f:   # for writers that want a file object
         np.savez(f, a=a)
+
+Reads: ``read_regular(path, max_bytes, what)`` (every loader) refuses FIFOs,
+devices, folders and files over the cap before reading. Text: ``printable``
+(control characters escaped, length capped), ``markup_safe`` (for rich) and
+``plain_text_figures`` (matplotlib draws labels as written, never as mathtext).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from predictor.errors import PredictorError, WriteError
+from predictor.errors import FileFormatError, PredictorError, WriteError
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -93,3 +103,123 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     """Write `text` to `path` atomically (see the module docstring)."""
     with atomic_writer(path, "w", encoding=encoding) as f:
         f.write(text)
+
+
+# ---- reading: regular files of bounded size ------------------------------------
+# Every loader reads its file through `read_regular`: a FIFO, a device
+# (/dev/zero), a socket, or a symlink to one is refused before a byte is read
+# (it would hang or never end), and a file larger than the loader's cap is
+# refused from its size, before it is read into memory.
+
+MiB = 1 << 20
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(path: str | os.PathLike, max_bytes: int, what: str,
+                  error: type[PredictorError] = FileFormatError) -> int:
+    """The size of `path` when it is a regular file (after symlinks) of at most
+    `max_bytes`; else a one-line `error` naming the file. For readers that
+    take a path (and open it themselves)."""
+    p = printable(os.fspath(path), 300)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what}") from None
+    except OSError as exc:
+        raise error(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
+    _check_stat(st, p, max_bytes, what, error)
+    return st.st_size
+
+
+def _check_stat(st: os.stat_result, p: str, max_bytes: int, what: str, error) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{p}: is {_kind(st.st_mode)}, not a {what}")
+    if st.st_size > max_bytes:
+        raise error(f"{p}: {st.st_size:,} bytes, too large for a {what} "
+                    f"(at most {max_bytes:,})")
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int, what: str,
+                 error: type[PredictorError] = FileFormatError, *,
+                 missing: str | None = None) -> bytes:
+    """The bytes of `path`, a regular file (after symlinks) of at most
+    `max_bytes`; else a one-line `error` naming the file and the problem (no
+    such file (`missing`: what to say then), a folder, a FIFO or device, too
+    large, unreadable). Opened non-blocking, so a FIFO is refused instead of
+    waited on."""
+    p = printable(os.fspath(path), 300)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise error(f"{p}: {missing or 'no such ' + what}") from None
+    except IsADirectoryError:
+        raise error(f"{p}: is a folder, not a {what}") from None
+    except OSError as exc:
+        raise error(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
+    try:
+        _check_stat(os.fstat(fd), p, max_bytes, what, error)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        try:
+            chunks, left = [], max_bytes + 1
+            while left > 0:  # a file growing while read still stops at the cap
+                chunk = f.read(min(left, 64 * MiB))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError as exc:
+            raise error(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise error(f"{p}: too large for a {what} (at most {max_bytes:,} bytes)")
+    return data
+
+
+# ---- text from users, shown on a terminal or in a plot ----------------------------
+# Names come from files and arguments (model names, GPU ids, ONNX op types):
+# in messages they are shown with control characters (terminal escapes, line
+# breaks) made visible as \x.. and cut to a length a line can hold.
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+MAX_NAME_CHARS = 200
+
+
+def printable(text: object, limit: int = MAX_NAME_CHARS) -> str:
+    """`text` safe to print on one line: at most `limit` characters of it
+    (then "..."), control characters written as escapes."""
+    s = str(text)
+    cut = len(s) > limit
+    s = _CONTROL.sub(lambda m: ascii(m.group())[1:-1], s[:limit])  # escapes lengthen it
+    if cut or len(s) > limit:
+        s = s[:max(limit - 3, 1)] + "..."
+    return s
+
+
+def markup_safe(text: object, limit: int = MAX_NAME_CHARS) -> str:
+    """`printable(text)` escaped for rich markup (``[/x]`` is shown, not parsed)."""
+    from rich.markup import escape
+
+    return escape(printable(text, limit))
+
+
+@contextlib.contextmanager
+def plain_text_figures() -> Iterator[None]:
+    """matplotlib settings under which no text is parsed as mathtext or TeX
+    (a GPU id ``D$\\foo$`` is drawn as written): figures are created and saved
+    inside this block."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.usetex": False, "text.parse_math": False}):
+        yield

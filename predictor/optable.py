@@ -26,7 +26,7 @@ import numpy as np
 
 from predictor import dtypes
 from predictor.errors import FileFormatError, InvalidArgumentError
-from predictor.io import atomic_writer
+from predictor.io import MAX_NAME_CHARS, atomic_writer, printable, read_regular
 from predictor.kernels import layout as L
 from predictor.kernels.memory import peak_memory
 from predictor.kernels.work import work_table
@@ -413,6 +413,14 @@ def _in_range(a: np.ndarray, lo: int, hi: int, name: str, bad) -> None:
         raise bad(f"{name} has values outside {lo}..{hi - 1}")
 
 
+def _one_line(text: str, name: str, bad) -> None:
+    """Names are printed in tables and messages: one line, of a bounded length."""
+    if len(text) > MAX_NAME_CHARS:
+        raise bad(f"{name} has a name of {len(text):,} characters (at most {MAX_NAME_CHARS})")
+    if printable(text, MAX_NAME_CHARS) != text:
+        raise bad(f"{name} has control characters: {printable(text, 60)}")
+
+
 def _whole(value: Any, name: str, lo: int, hi: int, bad, optional: bool = False) -> None:
     if optional and value is None:
         return
@@ -442,6 +450,8 @@ def check_optable(ops: Any, where: str = "graph") -> None:
     names = ops.op_names
     if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
         raise bad("ops.op_names must be a list of op names")
+    for name in names:
+        _one_line(name, "ops.op_names", bad)
     _in_range(cols["family"], 0, L.N_FAMILIES, "ops.family", bad)
     _in_range(cols["phase"], 0, len(L.PHASE_NAMES), "ops.phase", bad)
     _in_range(cols["dtype"], 0, len(L.DTYPE_NAMES), "ops.dtype", bad)
@@ -486,6 +496,7 @@ def check_graph(graph: Any, where: str = "graph"):
         raise bad("no graph inside")
     if not isinstance(graph.name, str):
         raise bad(f"the model name must be text, got {type(graph.name).__name__}")
+    _one_line(graph.name, "name", bad)
     if graph.mode not in ("train", "inference"):
         raise bad(f"mode must be 'train' or 'inference', got {graph.mode!r}")
     if graph.optimizer is not None and graph.optimizer not in ("adam", "adamw", "sgd"):
@@ -501,6 +512,8 @@ def check_graph(graph: Any, where: str = "graph"):
             isinstance(k, str) and isinstance(v, (int, np.integer)) and not isinstance(v, bool)
             and v >= 0 for k, v in unsupported.items()):
         raise bad("unsupported must map op names to counts")
+    for key in unsupported:
+        _one_line(key, "unsupported", bad)
     seconds = getattr(graph, "trace_seconds", 0.0)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
             not math.isfinite(seconds) or seconds < 0:

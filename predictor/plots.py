@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from predictor.io import atomic_writer
+from predictor.io import atomic_writer, plain_text_figures
 from predictor.errors import InvalidArgumentError, MissingExtraError
 
 _FORMATS = ("png", "svg", "pdf")
@@ -33,7 +33,13 @@ def plot_sweep(result, path: str | Path, *, title: str | None = None) -> Path:
     except ImportError:  # an optional dependency
         raise MissingExtraError("matplotlib", "plot", "Plots") from None
 
-    path = Path(path)
+    with plain_text_figures():  # GPU ids and model names are drawn as written, never as maths
+        return _plot_sweep(result, Path(path), title, FigureCanvasAgg, Figure, FuncFormatter,
+                           LogLocator)
+
+
+def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatter,  # noqa: N803
+                LogLocator) -> Path:
     fmt = path.suffix.lower().lstrip(".") or "png"
     if fmt not in _FORMATS:
         raise InvalidArgumentError(

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from predictor.errors import MissingExtraError
-from predictor.io import atomic_write_text
+from predictor.io import atomic_write_text, plain_text_figures
 
 MAX_GPUS_PLOTTED = 10
 TABLE_ROWS = 25
@@ -218,14 +218,15 @@ def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED) -> tupl
     except ImportError:  # an optional dependency
         raise MissingExtraError("matplotlib", "plot", "Search reports") from None
     gpus = _plotted_gpus(result, max_gpus)
-    plots = {
-        "time": _per_gpu_plot(result, gpus, "iteration_ms", "Iteration time per GPU",
-                              "ms per iteration"),
-        "cost": _per_gpu_plot(result, gpus, "usd_per_1m_samples",
-                              "Cost per 1M samples per GPU", "USD per 1M samples"),
-        "memory": _memory_plot(result),
-        "pareto": _pareto_plot(result),
-    }
+    with plain_text_figures():  # GPU ids and model names are drawn as written, never as maths
+        plots = {
+            "time": _per_gpu_plot(result, gpus, "iteration_ms", "Iteration time per GPU",
+                                  "ms per iteration"),
+            "cost": _per_gpu_plot(result, gpus, "usd_per_1m_samples",
+                                  "Cost per 1M samples per GPU", "USD per 1M samples"),
+            "memory": _memory_plot(result),
+            "pareto": _pareto_plot(result),
+        }
     data = result.to_dict()
     data["generated"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if graph is not None:

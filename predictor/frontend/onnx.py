@@ -55,6 +55,7 @@ from onnx import numpy_helper
 
 from predictor import dtypes, families
 from predictor.errors import FileFormatError, InvalidArgumentError
+from predictor.io import printable
 from predictor.families import TensorMeta
 from predictor.frontend import optimizers
 from predictor.frontend import training_synthesis as synthesis
@@ -228,7 +229,9 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
                 passthrough(node, _diff_inputs(node, values))
             continue
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        key = node.op_type if not domain else f"{domain}.{node.op_type}"
+        # Shown in tables and messages: control characters escaped, length capped
+        # (a known op's name is unchanged by both).
+        key = printable(node.op_type if not domain else f"{domain}.{node.op_type}", 100)
         if any(values.get(o) is None or values[o].shape is None for o in outs) or any(
                 i and (values.get(i) is None or values[i].shape is None) for i in node.input):
             label = f"{key}(shape unknown)"

@@ -32,6 +32,7 @@ from onnx import numpy_helper
 
 from predictor import dtypes
 from predictor.errors import FileFormatError, InvalidArgumentError
+from predictor.io import MiB, printable, read_regular
 
 # Tensors up to this many elements get their values computed (shape arithmetic).
 VALUE_LIMIT = 1 << 16
@@ -136,7 +137,7 @@ def _topological(graph: onnx.GraphProto, p: Path) -> list[onnx.NodeProto]:
                 continue
             if o in producer or o in defined:
                 raise FileFormatError(
-                    f"{p}: value {o!r} is defined twice (node {_node_label(node)})")
+                    f"{p}: value {printable(repr(o), 100)} is defined twice (node {_node_label(node)})")
             producer[o] = idx
     indeg = [0] * len(graph.node)
     users: dict[int, list[int]] = defaultdict(list)
@@ -147,7 +148,7 @@ def _topological(graph: onnx.GraphProto, p: Path) -> list[onnx.NodeProto]:
             src = producer.get(i)
             if src is None:
                 raise FileFormatError(
-                    f"{p}: node {_node_label(node)} reads {i!r}, which no node, input or "
+                    f"{p}: node {_node_label(node)} reads {printable(repr(i), 100)}, which no node, input or "
                     "initializer defines")
             indeg[idx] += 1
             users[src].append(idx)
@@ -168,7 +169,8 @@ def _topological(graph: onnx.GraphProto, p: Path) -> list[onnx.NodeProto]:
 
 
 def _node_label(node: onnx.NodeProto) -> str:
-    return f"{node.name!r} ({node.op_type})" if node.name else f"{node.op_type}"
+    op = printable(node.op_type, 100)
+    return f"{printable(repr(node.name), 100)} ({op})" if node.name else op
 
 
 # ============================================================ 2. shapes ==
