@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import io
 import json
 import math
 import zipfile
@@ -34,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from predictor.calibration.device import DeviceInfo
+from predictor.calibration.device import DeviceInfo, feature_columns
 from predictor.errors import FileFormatError
-from predictor.io import atomic_writer
+from predictor.io import MiB, atomic_writer, printable, read_regular
 
 FORMAT = "dnn-predictor-calibration"
 VERSION = 1
@@ -244,24 +245,40 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+# Sizes beyond which a file is not a calibration: the file itself, its JSON
+# header unpacked (a few kB for a zoo model) and its measured times unpacked
+# (8 bytes per row and batch size). Checked before anything is unpacked.
+MAX_FILE_BYTES = 256 * MiB
+MAX_HEADER_BYTES = 16 * MiB
+MAX_MEASURED_BYTES = 1024 * MiB
+
+
 def load(path, graph=None) -> Calibration:
     """Read a calibration file; with `graph`, also check it belongs to that graph."""
+    data = io.BytesIO(read_regular(path, MAX_FILE_BYTES, "calibration file"))
     path = Path(path)
+    shown = printable(path, 300)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with zipfile.ZipFile(data) as zf:  # sizes from the zip directory, before inflating
+            sizes = {i.filename: i.file_size for i in zf.infolist()}
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError):
+        sizes = {}  # np.load below says what is wrong with it
+    for name, cap in (("header.npy", MAX_HEADER_BYTES), ("measured_us.npy", MAX_MEASURED_BYTES)):
+        if sizes.get(name, 0) > cap:
+            raise FileFormatError(f"{shown}: {name[:-4]} unpacks to {sizes[name]:,} bytes, too "
+                                  f"large for a calibration (at most {cap:,})")
+    try:
+        data.seek(0)
+        with np.load(data, allow_pickle=False) as z:
             names = set(z.files)
             missing = {"header", "measured_us"} - names
             if missing:
-                raise FileFormatError(f"{path}: not a calibration file (no "
+                raise FileFormatError(f"{shown}: not a calibration file (no "
                                       f"{', '.join(sorted(missing))} inside)")
             raw_header = z["header"]
             measured = z["measured_us"]
     except FileFormatError:
         raise
-    except FileNotFoundError:
-        raise FileFormatError(f"{path}: no such calibration file") from None
-    except IsADirectoryError:
-        raise FileFormatError(f"{path}: is a folder, not a calibration file") from None
     except (OSError, ValueError, EOFError, KeyError, MemoryError, NotImplementedError,
             zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
         raise FileFormatError(f"{path}: not a readable calibration file (truncated or corrupt: "
@@ -270,6 +287,9 @@ def load(path, graph=None) -> Calibration:
         header = json.loads(raw_header.tobytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         raise FileFormatError(f"{path}: corrupt calibration header ({_short(exc)})") from None
+    except RecursionError:  # json recurses once per nested array or object
+        raise FileFormatError(f"{path}: corrupt calibration header (nested too deeply)") \
+            from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise FileFormatError(f"{path}: not a dnn-predictor calibration file")
     version = header.get("version")

@@ -178,6 +178,9 @@ def _parse(text: str, where: str) -> list[GPU]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{where}: not a valid TOML spec file ({exc})") from exc
+    except RecursionError:  # tomllib recurses once per nested array or table
+        raise SpecError(f"{where}: not a GPU spec file (arrays or tables nested too deeply)") \
+            from None
     entries = data.get("gpu")
     if not isinstance(entries, list) or not entries:
         raise SpecError(f"{where}: no [[gpu]] tables found")
@@ -247,6 +250,8 @@ def _builtin() -> tuple[GPU, ...]:
 
 
 _user_gpus: list[GPU] = []
+# A spec file larger than this is not one (the built-in database is ~40 kB).
+MAX_SPEC_FILE_BYTES = 16 * MiB
 
 
 def database() -> GPUDatabase:
@@ -257,11 +262,14 @@ def database() -> GPUDatabase:
 def load_specs(path: str | Path) -> list[GPU]:
     """Add the GPUs of a user spec file (same TOML layout as the built-in one)."""
     p = Path(path)
+    data = read_regular(p, MAX_SPEC_FILE_BYTES, "GPU spec file", SpecError,
+                        missing="cannot read spec file (no such file)")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{p}: cannot read spec file ({exc.__class__.__name__}: {exc})") from exc
-    gpus = _parse(text, str(p))
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{printable(p)}: cannot read spec file (not UTF-8 text: {exc.reason} "
+                        f"at byte {exc.start})") from None
+    gpus = _parse(text, printable(p))
     _user_gpus.extend(gpus)
     return gpus
 

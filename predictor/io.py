@@ -139,11 +139,15 @@ def check_regular(path: str | os.PathLike, max_bytes: int, what: str,
     return st.st_size
 
 
+def _a(what: str) -> str:
+    return f"an {what}" if what[:1].lower() in "aeiou" else f"a {what}"
+
+
 def _check_stat(st: os.stat_result, p: str, max_bytes: int, what: str, error) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"{p}: is {_kind(st.st_mode)}, not a {what}")
+        raise error(f"{p}: is {_kind(st.st_mode)}, not {_a(what)}")
     if st.st_size > max_bytes:
-        raise error(f"{p}: {st.st_size:,} bytes, too large for a {what} "
+        raise error(f"{p}: {st.st_size:,} bytes, too large for {_a(what)} "
                     f"(at most {max_bytes:,})")
 
 
@@ -162,7 +166,7 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str,
     except FileNotFoundError:
         raise error(f"{p}: {missing or 'no such ' + what}") from None
     except IsADirectoryError:
-        raise error(f"{p}: is a folder, not a {what}") from None
+        raise error(f"{p}: is a folder, not {_a(what)}") from None
     except OSError as exc:
         raise error(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
     try:
@@ -183,7 +187,7 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str,
             raise error(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
     data = b"".join(chunks)
     if len(data) > max_bytes:
-        raise error(f"{p}: too large for a {what} (at most {max_bytes:,} bytes)")
+        raise error(f"{p}: too large for {_a(what)} (at most {max_bytes:,} bytes)")
     return data
 
 

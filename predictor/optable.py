@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
 import json
 import math
 import zipfile
@@ -309,8 +310,12 @@ def save_graph(graph: Graph, path: str | Path) -> Path:
 
 def load_graph(path: str | Path) -> Graph:
     path = Path(path)
+    # A regular file of bounded size (not a FIFO, /dev/zero or a link to one).
+    data = io.BytesIO(read_regular(path, MAX_GRAPH_FILE_BYTES, "saved graph",
+                                   missing="no saved graph there (no such file)"))
+    path = printable(path, 300)
     try:
-        with zipfile.ZipFile(path) as zf:  # a zip bomb would exhaust memory below
+        with zipfile.ZipFile(data) as zf:  # a zip bomb would exhaust memory below
             unpacked = sum(i.file_size for i in zf.infolist())
     except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError):
         unpacked = 0  # np.load below says what is wrong with it
@@ -318,10 +323,9 @@ def load_graph(path: str | Path) -> Graph:
         raise FileFormatError(f"{path}: {unpacked / 2**30:.0f} GiB unpacked, too large for a "
                               "saved graph")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        data.seek(0)
+        with np.load(data, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise FileFormatError(f"no saved graph at {path}") from None
     except (OSError, ValueError, EOFError, MemoryError, NotImplementedError,
             zipfile.BadZipFile) as exc:
         raise FileFormatError(f"{path} is not a saved graph ({exc})") from None

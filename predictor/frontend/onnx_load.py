@@ -58,21 +58,19 @@ def _one_line(exc: BaseException) -> str:
 
 # ============================================================ 1. loading ==
 
+MAX_ONNX_FILE_BYTES = 2 * 1024 * MiB
+
+
 def load(path: str | Path) -> onnx.ModelProto:
     """Read and sanity-check an ONNX file (no weights are loaded from external data)."""
     p = Path(path)
-    if not p.exists():
-        raise FileFormatError(f"{p}: no such ONNX file")
-    if not p.is_file():
-        raise FileFormatError(f"{p}: not a file")
-    try:
-        size = p.stat().st_size
-    except OSError as exc:
-        raise FileFormatError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if size == 0:
+    # A regular file (not a FIFO, a device or a link to one) within protobuf's 2 GiB.
+    data = read_regular(p, MAX_ONNX_FILE_BYTES, "ONNX file")
+    p = Path(printable(p, 300))
+    if not data:
         raise FileFormatError(f"{p}: empty file, not an ONNX model")
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        model = onnx.load_model_from_string(data)
     except OSError as exc:
         raise FileFormatError(f"{p}: cannot read ({exc.strerror or exc})") from None
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeError, ...
