@@ -402,6 +402,8 @@ MAX_DIM = 1 << 40
 MAX_BATCH = 1 << 31
 MAX_COUNT = 1 << 40
 MAX_KERNELS = 1 << 20
+# Steps (traced nodes) of a memory profile: gpt2 has 2,610; 4M is far beyond any model.
+MAX_STEPS = 1 << 22
 
 
 def _int_array(a: Any, name: str, ndim: int, bad) -> np.ndarray:
@@ -551,7 +553,17 @@ def _check_memory(mem: Any, bad) -> None:
         raise bad("the memory profile's columns have different lengths")
     if n and (not np.all(np.isfinite(coef)) or float(coef.min()) < 0 or float(coef.max()) > 2.0 ** 50):
         raise bad("memory.coef must be finite sizes")
-    _whole(mem.n_steps, "memory.n_steps", 0, 1 << 40, bad)
+    # The memory kernel holds 3 int64 per step: a bound on the steps is one on its memory.
+    _whole(mem.n_steps, "memory.n_steps", 0, MAX_STEPS, bad)
+    marks = mem.phase_marks
+    if not isinstance(marks, (tuple, list)) or len(marks) >= len(L.PHASE_NAMES):
+        raise bad(f"memory.phase_marks must be at most {len(L.PHASE_NAMES) - 1} step indices")
+    for i, mark in enumerate(marks):
+        _whole(mark, f"memory.phase_marks[{i}]", int(marks[i - 1]) if i else 0,
+               int(mem.n_steps), bad)
+    mem.phase_marks = tuple(int(m) for m in marks)
+    if not isinstance(mem.training, (bool, np.bool_)):
+        raise bad("memory.training must be true or false")
     _in_range(cols["power"], 0, 5, "memory.power", bad)
     _in_range(cols["dtype"], 0, len(L.DTYPE_NAMES), "memory.dtype", bad)
     _in_range(cols["alloc"], 0, int(mem.n_steps) + 1, "memory.alloc", bad)
