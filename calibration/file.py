@@ -89,7 +89,12 @@ class OverheadModel:
     points: int = 0  # batch sizes it was fitted on (0: no real iteration measured)
 
     def __call__(self, ops_ms):
-        return self.scale * np.asarray(ops_ms) + self.fixed_ms
+        ops_ms = np.asarray(ops_ms)
+        # A negative fixed part (a real step faster than its per-op sum: the
+        # per-op timings include a sync each) extrapolated to a smaller batch
+        # could exceed the ops themselves; the step never takes less than half
+        # its per-op sum, so the iteration stays positive.
+        return np.maximum(self.scale * ops_ms + self.fixed_ms, -0.5 * ops_ms)
 
     @staticmethod
     def fit(ops_ms: np.ndarray, real_ms: np.ndarray) -> "OverheadModel":
@@ -305,6 +310,7 @@ def load(path, graph=None) -> Calibration:
         cal = _from_header(header, measured, path)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise FileFormatError(f"{path}: inconsistent calibration file ({_short(exc)})") from None
+    check_ranges(cal, path)
     made_with = str(cal.settings.get("torch", ""))
     if torch_major(made_with) != torch_major(torch.__version__):
         raise FileFormatError(
@@ -352,6 +358,91 @@ def _from_header(header: dict, measured: np.ndarray, path: Path) -> Calibration:
         skipped={str(k): int(v) for k, v in dict(header.get("skipped", {})).items()},
         settings=dict(header.get("settings", {})), notes=list(header.get("notes", [])),
         created=str(header.get("created", "")), path=path)
+
+
+# ---- physical bounds of every number in a calibration ----------------------------
+# Generous (far beyond any device or model), so that no valid measurement is
+# refused, and tight enough that every prediction scaled from the file stays
+# finite and positive.
+
+MAX_OP_US = 1e9           # one execution of one op: ~17 minutes
+MAX_STEP_MS = 1e9         # one iteration: ~12 days
+MAX_FIXED_MS = 1e6        # the fixed overhead of an iteration: ~17 minutes
+MAX_SCALE = 1e3           # the real step at most 1001 x its per-op sum
+_FEATURE_FIELD = {        # feature column -> the spec field whose range it has
+    "G_SMS": "sms", "G_CLOCK_MHZ": "boost_clock_mhz", "G_MEM_BW_GBS": "memory_bw_gbs",
+    "G_MEMORY_GB": "memory_gb", "G_FP32_TFLOPS": "fp32_tflops", "G_TF32_TFLOPS": "tf32_tflops",
+    "G_FP16_TFLOPS": "fp16_tflops", "G_BF16_TFLOPS": "bf16_tflops",
+}
+_DEVICE_NUMBERS = {       # optional DeviceInfo numbers: (low, high, low inclusive)
+    "peak_gflops": (0.0, 1e10, False), "bandwidth_gbs": (0.0, 1e7, False),
+    "op_overhead_us": (0.0, 1e6, True), "alloc_threshold_bytes": (0.0, 2.0 ** 50, True),
+    "alloc_us_per_mib": (0.0, 1e6, True),
+}
+
+
+def check_ranges(cal: Calibration, path) -> None:
+    """Refuse, with a one-line FileFormatError naming the file and the field,
+    any number of `cal` outside its physical range."""
+    from predictor import hardware
+    from predictor.kernels import layout as L
+
+    where = printable(path, 300)
+
+    def bad(name: str, msg: str) -> FileFormatError:
+        return FileFormatError(f"{where}: field '{name}' {msg}")
+
+    def number(name: str, value, lo: float, hi: float, lo_ok: bool = True) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise bad(name, f"must be a number, got {printable(repr(value))}")
+        v = float(value)
+        if not (math.isfinite(v) and (lo <= v if lo_ok else lo < v) and v <= hi):
+            raise bad(name, f"= {v!r} is outside the possible range {lo:g}..{hi:g}")
+
+    m = cal.measured_us
+    if m.size and float(m.max()) > MAX_OP_US:
+        raise bad("measured_us", f"has {float(m.max())!r} us, beyond {MAX_OP_US:g}")
+    for key in ("iteration_ms", "ops_ms", "unmeasured_ms"):
+        arr = getattr(cal, key)
+        vals = arr[np.isfinite(arr)] if key == "iteration_ms" else arr  # NaN: not measured
+        if not np.all(np.isfinite(vals)) or (vals.size and (vals.min() < 0
+                                                            or vals.max() > MAX_STEP_MS)):
+            raise bad(key, f"must hold times in 0..{MAX_STEP_MS:g} ms")
+    ov = cal.overhead
+    # real = (1 + scale) * ops + fixed: a positive slope, and a fixed part no
+    # more negative than the per-op sum it was fitted against.
+    number("overhead.scale", ov.scale, -1.0, MAX_SCALE, lo_ok=False)
+    lowest = -float(cal.ops_ms.max()) if cal.ops_ms.size else 0.0
+    number("overhead.fixed_ms", ov.fixed_ms, max(lowest, -MAX_FIXED_MS), MAX_FIXED_MS)
+    number("overhead.points", ov.points, 0, cal.batch_sizes.shape[0])
+
+    info = cal.device_info
+    if info.kind not in ("cpu", "cuda"):
+        raise bad("device.kind", f"must be 'cpu' or 'cuda', got {printable(repr(info.kind))}")
+    for key in ("id", "name"):
+        value = getattr(info, key)
+        if not isinstance(value, str) or not value or printable(value) != value:
+            raise bad(f"device.{key}", f"must be one line of text, got {printable(repr(value))}")
+    if (info.kind == "cpu") != (info.id == "cpu"):
+        raise bad("device.kind", f"'{info.kind}' does not match device id "
+                                 f"{printable(repr(info.id))} (a CPU's id is 'cpu')")
+    if not isinstance(cal.model, str) or printable(cal.model) != cal.model:
+        raise bad("model", f"must be one line of text, got {printable(repr(cal.model))}")
+    number("device.threads", info.threads, 1, 1e5)
+    for key, (lo, hi, lo_ok) in _DEVICE_NUMBERS.items():
+        value = getattr(info, key)
+        if value is not None:
+            number(f"device.{key}", value, lo, hi, lo_ok)
+    feats = info.features
+    for name, col in feature_columns().items():
+        field_ = _FEATURE_FIELD.get(name)
+        if field_ is not None:
+            lo, hi = hardware._RANGES.get(field_, hardware._TFLOPS_RANGE)
+        else:  # columns the kernels do not divide by: 0 is allowed (not known)
+            lo, hi = 0.0, 1e8
+        number(f"device.features.{name}", feats[col], lo, hi)
+    if info.kind == "cuda" and not 1 <= feats[L.G_SMS] == int(feats[L.G_SMS]):
+        raise bad("device.features.G_SMS", f"must be a whole number, got {feats[L.G_SMS]!r}")
 
 
 def _short(exc: BaseException, limit: int = 100) -> str:
