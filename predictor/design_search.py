@@ -38,6 +38,7 @@ import numpy as np
 
 from predictor import dtypes, engine, hardware, memory, parallel
 from predictor.errors import InvalidArgumentError
+from predictor.io import MiB, printable, read_regular
 
 OBJECTIVES = ("time", "cost", "throughput")
 
@@ -78,12 +79,24 @@ class Run:
         return "per 1M samples"
 
 
+# Bounds of a run, so that hours and dollars stay finite and exact enough:
+# 10^15 samples or iterations, 10^6 epochs (far beyond any training run).
+MAX_RUN_SAMPLES = 10**15
+MAX_EPOCHS = 1e6
+# A price per GPU-hour above this is a typo (the same cap as spec files).
+MAX_PRICE_USD_PER_HOUR = 1e6
+MAX_PRICE_FILE_BYTES = 16 * MiB
+
+
 def _check_run(samples, epochs, iterations) -> Run:
     def positive(x, what, integer=True):
         ok = isinstance(x, (int, np.integer)) if integer else isinstance(x, (int, float, np.number))
         if isinstance(x, bool) or not ok or not math.isfinite(float(x)) or x <= 0:
             raise InvalidArgumentError(f"{what} must be a positive {'integer' if integer else 'number'}, "
                                        f"got {x!r}")
+        top = MAX_EPOCHS if what == "epochs" else MAX_RUN_SAMPLES
+        if x > top:
+            raise InvalidArgumentError(f"{what} must be at most {top:.0e}, got {x!r}")
         return x
 
     if iterations is not None and (samples is not None or epochs is not None):
@@ -110,7 +123,11 @@ def parse_price(text: str) -> tuple[str, float]:
     try:
         price = float(value)
     except ValueError:
-        raise InvalidArgumentError(f"price {text!r}: {value!r} is not a number") from None
+        raise InvalidArgumentError(f"price {printable(repr(text))}: {printable(repr(value))} is "
+                                   "not a number") from None
+    if not (math.isfinite(price) and 0 <= price <= MAX_PRICE_USD_PER_HOUR):
+        raise InvalidArgumentError(f"price {printable(repr(text))}: must be a number of USD per "
+                                   f"GPU-hour in 0..{MAX_PRICE_USD_PER_HOUR:.0e}")
     return gid.strip(), price
 
 
@@ -118,23 +135,34 @@ def load_prices(path: str | Path) -> dict[str, float]:
     """Prices from a TOML or JSON file: a table/object ``{GPU id: USD per
     GPU-hour}``, at the top level or under ``prices``."""
     p = Path(path)
+    where = printable(p)
+    raw = read_regular(p, MAX_PRICE_FILE_BYTES, "price file", InvalidArgumentError,
+                       missing="cannot read price file (no such file)")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"{p}: cannot read price file ({exc})") from exc
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(f"{where}: cannot read price file (not UTF-8 text: "
+                                   f"{exc.reason} at byte {exc.start})") from None
+    kind = "JSON" if p.suffix.lower() == ".json" else "TOML"
     try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InvalidArgumentError(f"{p}: not a valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'} "
-                                   f"price file ({exc})") from exc
+        raise InvalidArgumentError(f"{where}: not a valid {kind} price file ({exc})") from exc
+    except RecursionError:  # both parsers recurse once per nested array or table
+        raise InvalidArgumentError(f"{where}: not a price file ({kind} nested too deeply)") \
+            from None
     if isinstance(data, dict) and isinstance(data.get("prices"), dict):
         data = data["prices"]
     if not isinstance(data, dict) or not data:
-        raise InvalidArgumentError(f"{p}: expected a table of GPU id = USD per GPU-hour")
+        raise InvalidArgumentError(f"{where}: expected a table of GPU id = USD per GPU-hour")
     out = {}
     for k, v in data.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise InvalidArgumentError(f"{p}: price of {k!r} must be a number, got {v!r}")
+            raise InvalidArgumentError(f"{where}: price of {printable(repr(k))} must be a number, "
+                                       f"got {printable(repr(v))}")
+        if not (math.isfinite(v) and 0 <= v <= MAX_PRICE_USD_PER_HOUR):  # NaN fails too
+            raise InvalidArgumentError(f"{where}: price of {printable(repr(k))} must be in "
+                                       f"0..{MAX_PRICE_USD_PER_HOUR:.0e} USD per GPU-hour, got {v!r}")
         out[str(k)] = float(v)
     return out
 
@@ -143,9 +171,9 @@ def _resolve_prices(overrides: Mapping[str, float] | None) -> dict[str, float]:
     out = {}
     for name, price in (overrides or {}).items():
         if isinstance(price, bool) or not isinstance(price, (int, float)) \
-                or not math.isfinite(price) or price < 0:
-            raise InvalidArgumentError(f"price of {name} must be a non-negative number of USD "
-                                       f"per GPU-hour, got {price!r}")
+                or not math.isfinite(price) or not 0 <= price <= MAX_PRICE_USD_PER_HOUR:
+            raise InvalidArgumentError(f"price of {printable(name)} must be a number of USD per "
+                                       f"GPU-hour in 0..{MAX_PRICE_USD_PER_HOUR:.0e}, got {price!r}")
         out[hardware.get(name).id] = float(price)
     return out
 
