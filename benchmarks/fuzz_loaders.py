@@ -10,7 +10,11 @@ Loaders: ONNX models (``predictor.trace("x.onnx")``), GPU spec files
 Inputs are valid seed files (built here, small) mutated two ways: structure-
 aware (a dim set to 0, -1 or 2^62; an op renamed; an input rewired into a
 cycle; a spec field set to NaN; an array cast to another dtype ...) and raw
-bytes (flips, truncation, splices). Every input must either load, and then
+bytes (flips, truncation, splices); hostile names (rich markup, mathtext,
+terminal escapes, 100k characters), nesting beyond the parsers' recursion
+limit, absurd memory-profile and calibration numbers, absurd prices; and, once
+per target, special files (a FIFO, /dev/zero through a link, a folder). Every
+input must either load, and then
 predict a finite positive time, or raise a one-line ``PredictorError`` that
 names the file, within ``--case-timeout`` seconds. Anything else is a
 finding: an exception from deep inside, a multi-line or anonymous message, a
@@ -19,7 +23,8 @@ child process, so a segfault or abort is caught and its input kept).
 
 Findings go to ``--out`` (one ``.bin`` input plus a ``.txt`` report each);
 every one found so far is a regression test: its input is in ``tests/data/fuzz/``
-and ``tests/test_robustness.py::test_fuzz_regressions`` replays it.
+and ``tests/test_robustness.py::test_fuzz_regressions`` replays it (the round-two
+inputs, ``*-r2-*``, also ``tests/test_hostile.py`` with the field each refusal names).
 The default engine is hypothesis (mutations drawn, failures shrunk); atheris
 (coverage-guided libFuzzer) drives the same mutations from its byte stream.
 """
@@ -49,6 +54,11 @@ INTERESTING_INTS = (0, 1, -1, 2, 3, 7, 1009, 2**15, 2**31 - 1, 2**31, 2**32, 2**
                     -2**31, -2**63)
 INTERESTING_FLOATS = (0.0, -0.0, -1.0, 1e-300, 1e308, float("inf"), float("-inf"),
                       float("nan"), 0.5, 1e20)
+# Names that once crashed or garbled the output: rich markup, mathtext, terminal
+# control sequences, a name longer than any line.
+HOSTILE_STRINGS = ("[/x]", "D$\\foo$", "\x1b[2J\x1b]0;T\x07", "<script>x</script>", "x" * 100_000)
+# Deeper than the parsers' recursion limit (tomllib and json recurse per level).
+DEEP = 5000
 
 
 class Finding(Exception):
@@ -240,7 +250,8 @@ def mutate_onnx(data: bytes, c: Chooser) -> bytes:
         [o for n in g.node for o in n.output]
     ops = ["Relu", "Conv", "MatMul", "Gemm", "Reshape", "Transpose", "Softmax", "Gather",
            "Concat", "Slice", "LSTM", "BatchNormalization", "LayerNormalization", "Loop", "If",
-           "NonZero", "Einsum", "Resize", "Expand", "Split", "TopK", "NoSuchOp", "Attention"]
+           "NonZero", "Einsum", "Resize", "Expand", "Split", "TopK", "NoSuchOp", "Attention",
+           *HOSTILE_STRINGS]
     for _ in range(c.int(1, 3)):
         op = c.int(0, 10)
         if op == 0 and len(g.input):            # an input dim
@@ -343,9 +354,12 @@ def mutate_spec(data: bytes, c: Chooser) -> bytes:
         elif op == 2:
             gpu[key] = _interesting_int(c)
         elif op == 3:
-            gpu[key] = c.choice(("", "x", [], [1, 2], ["a", 3], True))
+            gpu[key] = c.choice(("", "x", [], [1, 2], ["a", 3], True, *HOSTILE_STRINGS,
+                                 list(HOSTILE_STRINGS[:3])))
         else:
             gpus.append(dict(gpu))
+    if c.chance(8):  # arrays nested beyond the parser's recursion limit
+        return b"x = " + b"[" * DEEP + b"]" * DEEP + b"\n" + data
     lines = []
     for gpu in gpus:
         lines.append("[[gpu]]")
@@ -364,7 +378,9 @@ def mutate_npz(data: bytes, c: Chooser) -> bytes:
         key = c.choice(sorted(arrays))
         a = arrays[key]
         op = c.int(0, 4)
-        if key == "header" and op < 3:
+        if key == "header" and op < 3 and c.chance(8):  # nested beyond json's recursion limit
+            arrays[key] = np.frombuffer(b"[" * DEEP + b"]" * DEEP, dtype=np.uint8)
+        elif key == "header" and op < 3:
             try:
                 header = json.loads(a.tobytes().decode())
                 _mutate_json(header, c)
@@ -396,8 +412,12 @@ def _mutate_json(obj, c: Chooser, depth: int = 0) -> None:
         key = c.choice(sorted(obj, key=str))
         if depth < 4 and isinstance(obj[key], (dict, list)) and c.chance():
             _mutate_json(obj[key], c, depth + 1)
+        elif key == "n_steps" or key == "phase_marks":  # the memory kernel's sizes
+            obj[key] = c.choice((2**40, -1, 2**22 + 1, {"__tuple__": ["x", 3]},
+                                 {"__tuple__": [30, 5]}, {"__tuple__": [1, 2, 3, 4]}, "x"))
         else:
-            obj[key] = c.choice((None, -1, 0, 2**62, 1e308, "x", [], {}, True, [1, "a"]))
+            obj[key] = c.choice((None, -1, 0, 2**62, 1e308, -1e6, -5, float("nan"),
+                                 float("inf"), "x", [], {}, True, [1, "a"], *HOSTILE_STRINGS))
     elif isinstance(obj, list) and obj:
         i = c.int(0, len(obj) - 1)
         if depth < 4 and isinstance(obj[i], (dict, list)) and c.chance():
@@ -406,8 +426,21 @@ def _mutate_json(obj, c: Chooser, depth: int = 0) -> None:
             obj[i] = c.choice((None, -1, 0, 2**62, "x", {}))
 
 
+def mutate_prices(data: bytes, c: Chooser) -> bytes:
+    """A price set to an absurd number or a hostile name, or nesting beyond
+    the parsers' recursion limit."""
+    if c.chance(4):
+        return b"T4 = " + b"[" * DEEP + b"]" * DEEP if data.startswith(b"[") \
+            else b"[" * DEEP + b"]" * DEEP
+    value = c.choice(INTERESTING_FLOATS)
+    name = c.choice(("T4", *HOSTILE_STRINGS[:4]))
+    if data.lstrip().startswith(b"{"):
+        return json.dumps({name: value if math.isfinite(value) else str(value)}).encode()
+    return f"{json.dumps(name)} = {_toml_value(value)}\n".encode()
+
+
 STRUCTURED = {"onnx": mutate_onnx, "spec": mutate_spec, "graph": mutate_npz,
-              "calibration": mutate_npz, "prices": lambda d, c: mutate_bytes(d, c)}
+              "calibration": mutate_npz, "prices": mutate_prices}
 
 
 def make_input(target: str, seeds: list[bytes], c: Chooser) -> bytes:
@@ -438,6 +471,15 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
+def _clean_names(names, what: str) -> None:
+    from predictor.io import printable
+
+    for name in names:
+        if printable(name) != name:
+            raise Finding(f"{what}: a name with control characters or {len(name):,} characters "
+                          f"is kept: {printable(name, 60)}")
+
+
 def _finite_positive(ms: float, what: str) -> None:
     if not (math.isfinite(ms) and ms > 0):
         raise Finding(f"{what}: predicted {ms!r} ms")
@@ -451,6 +493,7 @@ def run_loader(target: str, path: Path, work: Path) -> None:
     if target == "onnx":
         for mode in ("train", "inference"):
             g = predictor.trace(str(path), batch_size=3, seq_len=4, mode=mode)
+            _clean_names([g.name, *g.unsupported, *g.ops.op_names], "onnx")
             _finite_positive(predictor.predict(g, "T4").iteration_ms, f"onnx {mode}")
     elif target == "spec":
         try:
@@ -465,18 +508,27 @@ def run_loader(target: str, path: Path, work: Path) -> None:
         from predictor.optable import Graph
 
         g = Graph.load(path)
+        _clean_names([g.name, *g.unsupported, *g.ops.op_names], "graph")
         _finite_positive(predictor.predict(g, "A100-SXM4-80GB").iteration_ms, "graph")
+        if g.memory is not None:
+            g.memory.breakdown(8)
     elif target == "calibration":
         from predictor.calibration.file import load
 
         g = _graph_for(work)
         cal = load(path, g)
-        _finite_positive(predictor.predict(g, "A100-SXM4-80GB", calibration=cal).iteration_ms,
-                         "calibration")
+        targets = [cal.device] if cal.is_cpu else [cal.device, "A100-SXM4-80GB"]
+        for gpu in targets:
+            for b in (1, 4, 1 << 20):
+                _finite_positive(predictor.predict(g, gpu, batch_size=b,
+                                                   calibration=cal).iteration_ms,
+                                 f"calibration on {gpu} at batch {b}")
     elif target == "prices":
         from predictor.design_search import load_prices
 
-        load_prices(path)
+        for k, v in load_prices(path).items():
+            if not (math.isfinite(v) and 0 <= v <= 1e6):
+                raise Finding(f"price {k[:40]!r} = {v!r} accepted")
 
 
 _GRAPH = None
@@ -495,6 +547,13 @@ def check(target: str, data: bytes, work: Path, timeout: float) -> None:
 
     path = work / f"case{SUFFIX[target]}"
     path.write_bytes(data)
+    check_path(target, path, work, timeout)
+
+
+def check_path(target: str, path: Path, work: Path, timeout: float) -> None:
+    """Raise Finding when the loader mishandles the file at `path`."""
+    from predictor.errors import PredictorError
+
     try:
         with time_limit(timeout):
             run_loader(target, path, work)
@@ -502,6 +561,9 @@ def check(target: str, data: bytes, work: Path, timeout: float) -> None:
         msg = str(exc)
         if "\n" in msg.strip():
             raise Finding(f"multi-line error: {msg[:300]!r}") from exc
+        if "\x1b" in msg or len(msg) > 4000:
+            raise Finding(f"raw control characters or {len(msg):,} characters in the error: "
+                          f"{msg[:300]!r}") from exc
         if path.name not in msg and target != "spec" or (target == "spec" and path.name
                                                               not in msg and "GPU" not in msg):
             raise Finding(f"the error does not name the file: {msg[:300]!r}") from exc
@@ -519,6 +581,32 @@ def check(target: str, data: bytes, work: Path, timeout: float) -> None:
 
 
 # ------------------------------------------------------------ engines ----
+
+SPECIAL_FILES = ("fifo", "dev-zero-link", "dev-null-link", "folder")
+
+
+def check_special_files(target: str, work: Path, timeout: float) -> list[str]:
+    """Every loader refuses a FIFO (would hang), /dev/zero or a link to it
+    (would read forever), a folder; returns the findings."""
+    import shutil
+
+    findings = []
+    for kind in SPECIAL_FILES:
+        path = work / f"special-{kind}{SUFFIX[target]}"
+        if path.is_symlink() or path.exists():
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "folder":
+            path.mkdir()
+        else:
+            path.symlink_to("/dev/zero" if kind == "dev-zero-link" else "/dev/null")
+        try:
+            check_path(target, path, work, timeout)
+        except Finding as exc:
+            findings.append(f"{kind}: {exc}")
+    return findings
+
 
 def _record(out: Path, target: str, data: bytes, report: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
@@ -573,6 +661,10 @@ def worker(target: str, seconds: float, engine: str, out: Path, timeout: float,
             check(target, data, work, timeout=600)
     deadline = time.monotonic() + seconds
     stats = {"cases": 0, "findings": 0}
+    for finding in check_special_files(target, work, timeout):
+        stats["findings"] += 1
+        stem = _record(out, target, b"", f"special file: {finding}")
+        print(f"[{target}] finding -> {stem}.txt: {finding.splitlines()[0][:160]}", flush=True)
 
     def one(data: bytes) -> None:
         current.write_bytes(data)  # kept if the process dies on this input

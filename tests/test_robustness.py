@@ -511,7 +511,15 @@ def _tiny_graph() -> Graph:
     return Graph("tiny", ops, batch_size=4)
 
 
-USE = {"spec": _use_spec, "graph": _use_graph, "onnx": _use_onnx, "calibration": _use_calibration}
+def _use_prices(path):
+    from predictor.design_search import load_prices
+
+    load_prices(path)
+    yield 1.0
+
+
+USE = {"spec": _use_spec, "graph": _use_graph, "onnx": _use_onnx, "calibration": _use_calibration,
+       "prices": _use_prices}
 
 
 @pytest.mark.parametrize("path", sorted(DATA.glob("*")), ids=lambda p: p.name)
