@@ -259,7 +259,7 @@ def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED) -> tupl
         f"<td style='text-align:left'>{html.escape(str(v.get('source') or ''))}</td></tr>"
         for k, v in result.price_info.items())
     img = lambda key, alt: f"<img alt='{alt}' src='data:image/png;base64,{plots[key]}'>"  # noqa: E731
-    payload = json.dumps(data, allow_nan=False, default=str).replace("</", "<\\/")
+    payload = script_json(data)
     text = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -300,14 +300,34 @@ overlap with the backward pass (see <code>predictor/parallel.py</code>).</p>
     return text, data
 
 
+# Inside <script type="application/json">, "<!--" or "<script" in a string
+# (a GPU id, a price source) switches the HTML parser into a state where
+# "</script>" no longer closes the block, which then swallows the page. JSON
+# allows \uXXXX for any character, so these are written escaped: the data
+# parses the same, and the block can hold no markup at all.
+_SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                                 "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def script_json(data) -> str:
+    """`data` as JSON safe to embed in an HTML <script> element (F8)."""
+    return json.dumps(data, allow_nan=False, default=str).translate(_SCRIPT_ESCAPES)
+
+
 def write_report(result, folder: str | Path, graph=None, *,
                  max_gpus: int = MAX_GPUS_PLOTTED) -> Path:
     """Write report.html and search.json into `folder` (created if missing);
-    returns the HTML path."""
+    returns the HTML path.
+
+    The HTML is self-sufficient: it embeds the same data as search.json
+    (``<script id="search-data">``), and both carry the same ``generated``
+    stamp. It is written first; search.json, the secondary copy, second. A
+    writer killed between the two leaves a complete new report beside the
+    previous JSON (their stamps differ), never a report without its data."""
     folder = Path(folder)
     text, data = render_html(result, graph, max_gpus=max_gpus)
-    atomic_write_text(folder / "search.json", json.dumps(data, indent=2, allow_nan=False,
-                                                         default=str) + "\n")
     out = folder / "report.html"
     atomic_write_text(out, text)
+    atomic_write_text(folder / "search.json", json.dumps(data, indent=2, allow_nan=False,
+                                                         default=str) + "\n")
     return out

@@ -303,6 +303,24 @@ def test_cli_prices_and_run_length_are_bounded(tmp_path):
                          str(DATA / "prices-r2-nested.json")), "nested too deeply")
 
 
+def test_report_embedded_json_holds_no_markup(tmp_path):
+    """F8: a GPU id "<script>x</script>" with price_source "<!--" left the
+    embedded JSON block unclosed, swallowing the rest of the page."""
+    g = tmp_path / "g.npz"
+    tiny_graph().save(g)
+    proc = cli("search", str(g), "-b", "8", "--gpus", "dd", "--spec",
+               str(DATA / "spec-r2-id-script.toml"), "--report", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "out" / "report.html").read_text()
+    start = text.index('id="search-data">') + len('id="search-data">')
+    block = text[start:text.index("</script>", start)]
+    assert "<" not in block and ">" not in block and "\u2028" not in block
+    data = json.loads(block)
+    assert data == json.loads((tmp_path / "out" / "search.json").read_text())
+    assert "<script>x</script>" in json.dumps(data, ensure_ascii=False)
+    assert text.rstrip().endswith("</html>")
+
+
 def test_api_run_bounds():
     from predictor.design_search import search
     from predictor.errors import InvalidArgumentError
