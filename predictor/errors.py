@@ -1,6 +1,8 @@
 """Typed errors. Every failure a user can cause is one of these, so the CLI can
 print one line and exit 2 instead of a traceback."""
 
+from predictor.text import printable
+
 
 # The longest message an error carries (a name from a file can be megabytes long).
 MAX_MESSAGE_CHARS = 2000
@@ -15,8 +17,6 @@ class PredictorError(Exception):
 
     def __init__(self, *args, **kwargs):
         if args and isinstance(args[0], str):
-            from predictor.io import printable
-
             args = (printable(args[0], MAX_MESSAGE_CHARS), *args[1:])
         super().__init__(*args, **kwargs)
 

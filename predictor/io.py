@@ -17,22 +17,24 @@ the new one, never a mix; at worst a stray ``.<name>.*.tmp`` file stays behind.
         np.savez(f, a=a)
 
 Reads: ``read_regular(path, max_bytes, what)`` (every loader) refuses FIFOs,
-devices, folders and files over the cap before reading. Text: ``printable``
-(control characters escaped, length capped), ``markup_safe`` (for rich) and
-``plain_text_figures`` (matplotlib draws labels as written, never as mathtext).
+devices, folders and files over the cap before reading. Text (from
+``predictor.text``): ``printable`` (control characters escaped, length capped),
+``markup_safe`` (for rich) and ``plain_text_figures`` (matplotlib draws labels
+as written, never as mathtext).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
 from predictor.errors import FileFormatError, PredictorError, WriteError
+# The text guards live in predictor.text (errors need them too); re-exported here.
+from predictor.text import MAX_NAME_CHARS, markup_safe, plain_text_figures, printable  # noqa: F401
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -189,41 +191,3 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str,
     if len(data) > max_bytes:
         raise error(f"{p}: too large for {_a(what)} (at most {max_bytes:,} bytes)")
     return data
-
-
-# ---- text from users, shown on a terminal or in a plot ----------------------------
-# Names come from files and arguments (model names, GPU ids, ONNX op types):
-# in messages they are shown with control characters (terminal escapes, line
-# breaks) made visible as \x.. and cut to a length a line can hold.
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-MAX_NAME_CHARS = 200
-
-
-def printable(text: object, limit: int = MAX_NAME_CHARS) -> str:
-    """`text` safe to print on one line: at most `limit` characters of it
-    (then "..."), control characters written as escapes."""
-    s = str(text)
-    cut = len(s) > limit
-    s = _CONTROL.sub(lambda m: ascii(m.group())[1:-1], s[:limit])  # escapes lengthen it
-    if cut or len(s) > limit:
-        s = s[:max(limit - 3, 1)] + "..."
-    return s
-
-
-def markup_safe(text: object, limit: int = MAX_NAME_CHARS) -> str:
-    """`printable(text)` escaped for rich markup (``[/x]`` is shown, not parsed)."""
-    from rich.markup import escape
-
-    return escape(printable(text, limit))
-
-
-@contextlib.contextmanager
-def plain_text_figures() -> Iterator[None]:
-    """matplotlib settings under which no text is parsed as mathtext or TeX
-    (a GPU id ``D$\\foo$`` is drawn as written): figures are created and saved
-    inside this block."""
-    import matplotlib
-
-    with matplotlib.rc_context({"text.usetex": False, "text.parse_math": False}):
-        yield

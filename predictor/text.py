@@ -1,0 +1,47 @@
+"""User strings made safe to print and plot.
+
+Names come from files and arguments (model names, GPU ids, ONNX op types): in
+messages they are shown with control characters (terminal escapes, line
+breaks) made visible as \\x.. and cut to a length a line can hold; on a rich
+console they are never parsed as markup; in a matplotlib figure never as
+mathtext. This module imports nothing from the package (errors use it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Iterator
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+MAX_NAME_CHARS = 200
+
+
+def printable(text: object, limit: int = MAX_NAME_CHARS) -> str:
+    """`text` safe to print on one line: at most `limit` characters of it
+    (then "..."), control characters written as escapes."""
+    s = str(text)
+    cut = len(s) > limit
+    s = _CONTROL.sub(lambda m: ascii(m.group())[1:-1], s[:limit])  # escapes lengthen it
+    if cut or len(s) > limit:
+        s = s[:max(limit - 3, 1)] + "..."
+    return s
+
+
+def markup_safe(text: object, limit: int = MAX_NAME_CHARS) -> str:
+    """`printable(text)` escaped for rich markup (``[/x]`` is shown, not parsed)."""
+    from rich.markup import escape
+
+    return escape(printable(text, limit))
+
+
+@contextlib.contextmanager
+def plain_text_figures() -> Iterator[None]:
+    """matplotlib settings under which no text is parsed as mathtext or TeX
+    (a GPU id ``D$\\foo$`` is drawn as written): figures are created and saved
+    inside this block."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.usetex": False, "text.parse_math": False}):
+        yield
