@@ -149,7 +149,11 @@ def shipped_weights(seed: int, epochs: int, train: D.OpSamples):
 
 
 def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30,
-        log=print) -> tuple[pd.DataFrame, dict]:
+        log=print, baselines: bool = True, train_fn=None) -> tuple[pd.DataFrame, dict]:
+    """Scores of every model (see the module docstring). `baselines=False`
+    scores the learned models only (no Habitat-style MLP to fit); `train_fn`
+    replaces ``T.train`` (same signature), e.g. to reuse weights trained once."""
+    train_fn = train_fn or T.train
     train = D.load_train(data)
     test = D.load_test(data)
     rows: list[dict] = []
@@ -159,11 +163,13 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
     def evaluate(split: str, gpu: str, fit_on: D.OpSamples, ev: D.OpSamples, mlp=None):
         t0 = time.perf_counter()
         if mlp is None:
-            mlp = T.train(fit_on, seed=seed, epochs=epochs)
-        habitat = fit_habitat_mlp(fit_on, seed=seed, epochs=habitat_epochs)
+            mlp = train_fn(fit_on, seed=seed, epochs=epochs)
         fams = family_of(ev.op)
-        preds = {"learned": predict_learned(mlp, ev), "roofline": predict_roofline(ev),
-                 "analytical": predict_analytical(ev), "habitat-mlp": habitat(ev)}
+        preds = {"learned": predict_learned(mlp, ev)}
+        if baselines:
+            habitat = fit_habitat_mlp(fit_on, seed=seed, epochs=habitat_epochs)
+            preds.update({"roofline": predict_roofline(ev), "analytical": predict_analytical(ev),
+                          "habitat-mlp": habitat(ev)})
         for model, pred in preds.items():
             rows.extend(score(split, gpu, model, errors(pred, ev), fams))
         points[(split, gpu)] = (ev.latency_ms, preds["learned"], fams)

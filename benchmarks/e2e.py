@@ -872,10 +872,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if args.check and not targets_met(summary) else 0
 
 
-def logo_weights(data: Path, labels: list[Label], log=print):
+def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None):
     """Op-model weights per label GPU, each trained (seed 0, the shipped
     recipe) on the per-kernel files of the other GPUs. Boards of the same chip
-    (same architecture and SM count: A100-PCIE-40GB and -80GB) leave together."""
+    (same architecture and SM count: A100-PCIE-40GB and -80GB) leave together.
+    `train_fn` replaces ``T.train`` (same signature)."""
     from predictor import hardware
     from predictor.calibration import datasets as D
     from predictor.calibration import train as T
@@ -892,8 +893,8 @@ def logo_weights(data: Path, labels: list[Label], log=print):
     for gpu_id in sorted({hardware.get(lab.gpu_name).id for lab in labels}):
         keep = [g for g in trained if chip(g) != chip(gpu_id)]
         t0 = time.perf_counter()
-        out[gpu_id] = T.train(samples.subset(np.isin(samples.gpu, keep)), seed=0, epochs=60,
-                              groups=T.SHIPPED_GROUPS)
+        out[gpu_id] = (train_fn or T.train)(samples.subset(np.isin(samples.gpu, keep)), seed=0,
+                                            epochs=60, groups=T.SHIPPED_GROUPS)
         log(f"  op models without {gpu_id} (trained on {', '.join(keep)}): "
             f"{time.perf_counter() - t0:.0f} s")
     return out.__getitem__
