@@ -10,6 +10,19 @@ and fsync'ed, then renamed over the target with ``os.replace`` (atomic on POSIX
 and Windows). A writer killed at any point leaves either the previous file or
 the new one, never a mix; at worst a stray ``.<name>.*.tmp`` file stays behind.
 
+Where the path leads (``resolve_target``): a symlink is followed to its
+target, the temporary file is made beside the *target* and renamed over it, so
+the link stays a link and the file it names is updated. A dangling symlink
+gets its target created (as ``open(path, "w")`` and the shell's ``>`` would).
+A symlink loop is a one-line ``WriteError`` naming the path. A target that is
+not a regular file (a pipe or FIFO, a character device such as ``/dev/null``
+or a terminal, ``/dev/stdout`` and other ``/dev/fd/N``, ``/proc/*/fd/N``
+paths) is written directly: no temporary file, no rename, nothing replaced,
+nothing truncated. The process's own descriptors (``/dev/stdout``,
+``/dev/fd/1``) are written through a duplicate, so with ``> out.txt`` the
+table lands in order with the rest of the output instead of over it. A
+folder, a block device or a socket is refused.
+
     from predictor.io import atomic_write_bytes, atomic_write_text, atomic_writer
 
     atomic_write_text("report.json", json.dumps(out))   # missing folders are created
@@ -26,8 +39,11 @@ as written, never as mathtext).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -51,20 +67,129 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+# Paths whose links are the kernel's view of open files: /proc/<pid>/fd/N reads
+# as "pipe:[123]" or the name of a file someone else opened; written in place.
+_STREAM_PREFIXES = ("/proc/", "/dev/fd/")
+_STREAM_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+_OWN_FD = re.compile(r"/(?:proc/(self|\d+)/fd|dev/fd)/(\d+)")
+
+
+def _own_fd(p: str) -> int | None:
+    """The descriptor number when `p` names one of this process's open files
+    (/dev/stdout, /dev/fd/N, /proc/self/fd/N): written through a duplicate, so
+    it lands where the process's own output is, not over it."""
+    if p in _STREAM_NAMES:
+        return _STREAM_NAMES[p]
+    m = _OWN_FD.fullmatch(p)
+    if m and m.group(1) in (None, "self", str(os.getpid())):
+        return int(m.group(2))
+    return None
+_MAX_LINKS = 40  # as the kernel's ELOOP limit
+
+
+def resolve_target(path: str | os.PathLike
+                   ) -> tuple[Path, os.stat_result | None, bool, int | None]:
+    """Where a write to `path` lands: (the real path with every symlink
+    followed, its stat or None when it does not exist yet, whether to write it
+    directly instead of replacing it, the descriptor to duplicate when it is
+    one of this process's open files such as /dev/stdout). A one-line `WriteError` naming `path`
+    for a symlink loop, a folder, a block device or a socket."""
+    shown = printable(os.fspath(path), 300)
+    p = os.path.abspath(os.fspath(path))
+    try:
+        for _ in range(_MAX_LINKS):
+            parent, name = os.path.split(p)
+            p = os.path.join(os.path.realpath(parent), name)
+            if p.startswith(_STREAM_PREFIXES) or p in _STREAM_NAMES:
+                own = _own_fd(p)
+                st = os.fstat(own) if own is not None else os.stat(p)
+                if stat.S_ISDIR(st.st_mode):
+                    raise WriteError(f"{shown}: is a folder, cannot write a file there")
+                return Path(p), st, True, own
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                return Path(p), None, False, None  # missing, or the target of a dangling link
+            if not stat.S_ISLNK(st.st_mode):
+                break
+            # Relative to the link's own (real) folder; the next round resolves it.
+            p = os.path.join(os.path.dirname(p), os.readlink(p))
+        else:
+            raise WriteError(f"{shown}: symlink loop, cannot write "
+                             f"(more than {_MAX_LINKS} links)")
+    except WriteError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WriteError(f"{shown}: symlink loop, cannot write "
+                             f"({exc.strerror or exc})") from None
+        raise WriteError(f"{shown}: cannot write ({exc.strerror or exc})") from None
+    if stat.S_ISREG(st.st_mode):
+        return Path(p), st, False, None
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+        return Path(p), st, True, None
+    raise WriteError(f"{shown}: is {_kind(st.st_mode)}, cannot write a file there")
+
+
+@contextlib.contextmanager
+def _direct_writer(shown: str, real: Path, st: os.stat_result, own: int | None, mode: str,
+                   encoding: str | None) -> Iterator[IO]:
+    """Write a stream (pipe, FIFO, terminal, /dev/stdout) in place: opened
+    without O_CREAT or O_TRUNC (appending where it is an open regular file);
+    this process's own descriptor (`own`) through a duplicate, after
+    flushing Python's stdout and stderr, so the output stays in order."""
+    flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    if stat.S_ISREG(st.st_mode):
+        flags |= os.O_APPEND
+    try:
+        if own is not None:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            fd = os.dup(own)
+        else:
+            fd = os.open(real, flags)
+    except OSError as exc:
+        raise WriteError(f"{shown}: cannot write ({exc.strerror or exc})") from exc
+    try:
+        if mode == "w":
+            f = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
+        else:
+            f = os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        with f:
+            yield f
+    except OSError as exc:
+        if isinstance(exc, PredictorError):
+            raise
+        raise WriteError(f"{shown}: cannot write ({exc.strerror or exc})") from exc
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike, mode: str = "wb", *,
                   encoding: str | None = None) -> Iterator[IO]:
     """A file object whose content replaces `path` only when the block exits
-    without an exception. `mode` is "wb" or "w" (text, UTF-8 by default)."""
+    without an exception. `mode` is "wb" or "w" (text, UTF-8 by default).
+    Symlinks are followed (the target is replaced, the link kept); pipes,
+    FIFOs and devices are written directly (see the module docstring)."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_writer mode must be 'wb' or 'w', got {mode!r}")
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
+    shown = printable(os.fspath(path), 300)
+    real, st, direct, own = resolve_target(path)
+    if direct:
+        assert st is not None
+        with _direct_writer(shown, real, st, own, mode, encoding) as f:
+            yield f
+        return
+    folder = real.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise WriteError(f"{target}: cannot write ({exc.strerror or exc})") from exc
+        raise WriteError(f"{shown}: cannot write ({exc.strerror or exc})") from exc
     try:
         if mode == "w":
             f = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
@@ -75,18 +200,19 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb", *,
             f.flush()
             os.fsync(f.fileno())
         # Keep the permissions an ordinary open() would give (mkstemp uses 0600).
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
-        else:
+        try:
+            keep = os.stat(real).st_mode & 0o7777
+        except FileNotFoundError:
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
+            keep = 0o666 & ~umask
+        os.chmod(tmp, keep)
+        os.replace(tmp, real)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, PredictorError):
-            raise WriteError(f"{target}: cannot write ({exc.strerror or exc})") from exc
+            raise WriteError(f"{shown}: cannot write ({exc.strerror or exc})") from exc
         raise
     _fsync_dir(folder)
 
