@@ -38,7 +38,7 @@ import numpy as np
 
 from predictor import dtypes, engine, hardware, memory, parallel
 from predictor.errors import InvalidArgumentError
-from predictor.io import MiB, printable, read_regular
+from predictor.io import MiB, printable, read_text
 
 OBJECTIVES = ("time", "cost", "throughput")
 
@@ -136,13 +136,8 @@ def load_prices(path: str | Path) -> dict[str, float]:
     GPU-hour}``, at the top level or under ``prices``."""
     p = Path(path)
     where = printable(p)
-    raw = read_regular(p, MAX_PRICE_FILE_BYTES, "price file", InvalidArgumentError,
-                       missing="cannot read price file (no such file)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidArgumentError(f"{where}: cannot read price file (not UTF-8 text: "
-                                   f"{exc.reason} at byte {exc.start})") from None
+    text = read_text(p, MAX_PRICE_FILE_BYTES, "price file", InvalidArgumentError,
+                     missing="cannot read price file (no such file)")
     kind = "JSON" if p.suffix.lower() == ".json" else "TOML"
     try:
         data = json.loads(text) if kind == "JSON" else tomllib.loads(text)

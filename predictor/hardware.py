@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from predictor.errors import SpecError, UnknownGPUError
-from predictor.io import MiB, printable, read_regular
+from predictor.io import MiB, printable, read_text
 from predictor.kernels import layout as L
 
 # Fields every GPU needs for a prediction, with the feature column they fill.
@@ -262,13 +262,8 @@ def database() -> GPUDatabase:
 def load_specs(path: str | Path) -> list[GPU]:
     """Add the GPUs of a user spec file (same TOML layout as the built-in one)."""
     p = Path(path)
-    data = read_regular(p, MAX_SPEC_FILE_BYTES, "GPU spec file", SpecError,
-                        missing="cannot read spec file (no such file)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{printable(p)}: cannot read spec file (not UTF-8 text: {exc.reason} "
-                        f"at byte {exc.start})") from None
+    text = read_text(p, MAX_SPEC_FILE_BYTES, "GPU spec file", SpecError,
+                     missing="cannot read spec file (no such file)")
     gpus = _parse(text, printable(p))
     _user_gpus.extend(gpus)
     return gpus

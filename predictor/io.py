@@ -131,6 +131,14 @@ def resolve_target(path: str | os.PathLike
     raise WriteError(f"{shown}: is {_kind(st.st_mode)}, cannot write a file there")
 
 
+def _file_of(fd: int, mode: str, encoding: str | None) -> IO:
+    """The writer's file object over `fd`: bytes for "wb", text (UTF-8 by
+    default, newlines as written) for "w"."""
+    if mode == "w":
+        return os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
+    return os.fdopen(fd, "wb")
+
+
 @contextlib.contextmanager
 def _direct_writer(shown: str, real: Path, st: os.stat_result, own: int | None, mode: str,
                    encoding: str | None) -> Iterator[IO]:
@@ -152,10 +160,7 @@ def _direct_writer(shown: str, real: Path, st: os.stat_result, own: int | None, 
     except OSError as exc:
         raise WriteError(f"{shown}: cannot write ({exc.strerror or exc})") from exc
     try:
-        if mode == "w":
-            f = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
-        else:
-            f = os.fdopen(fd, "wb")
+        f = _file_of(fd, mode, encoding)
     except BaseException:
         os.close(fd)
         raise
@@ -191,11 +196,7 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb", *,
     except OSError as exc:
         raise WriteError(f"{shown}: cannot write ({exc.strerror or exc})") from exc
     try:
-        if mode == "w":
-            f = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
-        else:
-            f = os.fdopen(fd, "wb")
-        with f:
+        with _file_of(fd, mode, encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -317,3 +318,16 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str,
     if len(data) > max_bytes:
         raise error(f"{p}: too large for {_a(what)} (at most {max_bytes:,} bytes)")
     return data
+
+
+def read_text(path: str | os.PathLike, max_bytes: int, what: str,
+              error: type[PredictorError] = FileFormatError, *,
+              missing: str | None = None) -> str:
+    """`read_regular`, decoded as UTF-8; text that is not UTF-8 is a one-line
+    `error` naming the file and the first bad byte."""
+    data = read_regular(path, max_bytes, what, error, missing=missing)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{printable(os.fspath(path), 300)}: cannot read {what} (not UTF-8 text: "
+                    f"{exc.reason} at byte {exc.start})") from None
