@@ -117,18 +117,12 @@ def evaluate(rows: D.OpSamples, origin_ms: np.ndarray, origin: str, mlp: np.ndar
 def logo_blend(target: str, res, log=print) -> np.ndarray:
     """Blend weight per family code, fitted on the training GPUs' pairs that
     exclude `target` (``predictor.calibration.blend``)."""
+    from predictor.calibrated import family_weights
     from predictor.calibration import blend as B
-    from predictor.kernels import layout as L
-    from predictor.kernels.features import GROUP_NAMES, group_of
 
     fitted = B.fit_weights(res, exclude={target})
     log(f"  w without {target}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(fitted.items())))
-    out = np.ones(L.N_FAMILIES)
-    for fam in range(L.N_FAMILIES):
-        g = group_of(fam)
-        if g >= 0:
-            out[fam] = fitted.get(GROUP_NAMES[g], 1.0)
-    return out
+    return family_weights(fitted)
 
 
 def score(rows: D.OpSamples, preds: dict, origin_ms: np.ndarray,

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from importlib import resources
 
 import numpy as np
@@ -98,11 +97,18 @@ def read_blend(path) -> np.ndarray:
     if bad:
         raise WeightsError(f"{path}: damaged calibration blend file (unknown group or weight "
                            f"outside [0, 1]: {', '.join(map(str, bad))})")
+    return family_weights(w)
+
+
+def family_weights(by_group: dict) -> np.ndarray:
+    """Blend weight per row family [N_FAMILIES] from weights per learned
+    model group (a group left out, and analytical-only families: 1, the plain
+    ratio)."""
     out = np.ones(L.N_FAMILIES)
     for fam in range(L.N_FAMILIES):
         g = group_of(fam)
         if g >= 0:
-            out[fam] = w.get(GROUP_NAMES[g], 1.0)
+            out[fam] = by_group.get(GROUP_NAMES[g], 1.0)
     return out
 
 
