@@ -543,8 +543,6 @@ def _graph_for(work: Path):
 
 def check(target: str, data: bytes, work: Path, timeout: float) -> None:
     """Raise Finding when the loader mishandles `data`."""
-    from predictor.errors import PredictorError
-
     path = work / f"case{SUFFIX[target]}"
     path.write_bytes(data)
     check_path(target, path, work, timeout)
@@ -585,6 +583,17 @@ def check_path(target: str, path: Path, work: Path, timeout: float) -> None:
 SPECIAL_FILES = ("fifo", "dev-zero-link", "dev-null-link", "folder")
 
 
+def make_special_file(path: Path, kind: str) -> None:
+    """Create at `path` one of SPECIAL_FILES: a FIFO, a folder, or a symlink
+    to /dev/zero or /dev/null."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero" if kind == "dev-zero-link" else "/dev/null")
+
+
 def check_special_files(target: str, work: Path, timeout: float) -> list[str]:
     """Every loader refuses a FIFO (would hang), /dev/zero or a link to it
     (would read forever), a folder; returns the findings."""
@@ -595,12 +604,7 @@ def check_special_files(target: str, work: Path, timeout: float) -> list[str]:
         path = work / f"special-{kind}{SUFFIX[target]}"
         if path.is_symlink() or path.exists():
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        if kind == "fifo":
-            os.mkfifo(path)
-        elif kind == "folder":
-            path.mkdir()
-        else:
-            path.symlink_to("/dev/zero" if kind == "dev-zero-link" else "/dev/null")
+        make_special_file(path, kind)
         try:
             check_path(target, path, work, timeout)
         except Finding as exc:

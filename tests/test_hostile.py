@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.fuzz_loaders import time_limit
+from benchmarks.fuzz_loaders import SPECIAL_FILES, make_special_file, time_limit
 import predictor
 from predictor import hardware
 from predictor.errors import PredictorError
@@ -196,17 +196,12 @@ def _loaders():
             "model.onnx": lambda p: predictor.trace(str(p), batch_size=2)}
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero-link", "folder", "dev-null-link"])
+@pytest.mark.parametrize("kind", SPECIAL_FILES)
 def test_every_loader_refuses_special_files(tmp_path, kind):
     """F3: a FIFO hung, /dev/zero (or a link to it) read until memory ran out."""
     for name, loader in _loaders().items():
         path = tmp_path / f"{kind}-{name}"
-        if kind == "fifo":
-            os.mkfifo(path)
-        elif kind == "folder":
-            path.mkdir()
-        else:
-            path.symlink_to("/dev/zero" if kind == "dev-zero-link" else "/dev/null")
+        make_special_file(path, kind)
         try:
             msg = refused(loader, path)
         finally:
