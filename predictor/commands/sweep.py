@@ -12,7 +12,7 @@ from pathlib import Path
 from predictor.commands.common import (add_calibration_argument, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, console,
                                        load_graph, load_specs, notes, parse_batch_sizes,
-                                       print_notes_stderr, targets)
+                                       targets)
 
 NAME = "sweep"
 
