@@ -30,7 +30,9 @@ from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.io import MAX_NAME_CHARS, atomic_writer, printable, read_regular
 from predictor.kernels import layout as L
 from predictor.kernels.memory import peak_memory
-from predictor.kernels.work import work_table
+from predictor.kernels.work import largest_count, work_table
+from predictor import limits
+from predictor.limits import check_batch_size
 
 # Sizes of GEMM-like rows that must be >= 1 for a kernel to run at all (the
 # kernels divide by them): the first GEMM_DIMS[family] dims of a row.
@@ -221,16 +223,42 @@ class Graph:
     # Storages of the step with their liveness (predictor.frontend.memory_pass);
     # None when the frontend did not run the memory pass.
     memory: MemoryProfile | None = field(default=None, repr=False)
+    # Mixed precision the step was traced under ("bf16", "fp16"; None: none),
+    # predictor.frontend.autocast.
+    amp: str | None = None
 
-    def check_batch(self, batch_size: int | None) -> int:
-        b = self.batch_size if batch_size is None else batch_size
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= 0:
-            raise InvalidArgumentError(f"batch size must be a positive integer, got {b!r}")
+    def check_batch(self, batch_size: int | None, extent: bool = True) -> int:
+        """`batch_size` (None: the traced one) as an int, checked: in the
+        supported range (predictor.limits), one the graph scales to, and (with
+        `extent`) within what the kernels count exactly (``check_extent``)."""
+        b = check_batch_size(self.batch_size if batch_size is None else batch_size)
         if not self.batch_scalable and b != self.batch_size:
             raise InvalidArgumentError(
                 f"{self.name} was traced at batch {self.batch_size} and its shapes do not scale "
                 f"with the batch; trace it again at batch {b}")
-        return int(b)
+        if extent:
+            self.check_extent(b)
+        return b
+
+    def check_extent(self, batch_size: int) -> None:
+        """Refuse, in one line, a batch at which an op or the step's memory
+        would count more than predictor.limits.MAX_COUNT elements or bytes
+        (only a huge batch with a huge sequence length gets there): beyond it
+        the kernels' int64 counts would wrap around or saturate."""
+        b = float(batch_size)
+        top = float(largest_count(self.ops.family, self.ops.dbase, self.ops.dslope, b)) \
+            if len(self.ops) else 0.0
+        what = "an op's elements"
+        if self.memory is not None and len(self.memory):
+            # At most 8 bytes an element whatever the dtype.
+            mem = float(np.sum(self.memory.coef * b ** self.memory.power)) * 8.0
+            if mem > top:
+                top, what = mem, "the step's memory (bytes)"
+        if not top <= limits.MAX_COUNT:
+            raise InvalidArgumentError(
+                f"{self.name} at batch {batch_size}: {what} would reach {top:.3g}, beyond the "
+                f"2**{limits.MAX_COUNT.bit_length() - 1} the predictor counts exactly; use a smaller "
+                "batch size or sequence length")
 
     def flops(self, batch_size: int | None = None) -> dict[str, float]:
         """FLOPs per iteration by phase."""
@@ -256,6 +284,7 @@ class Graph:
             "optimizer": self.optimizer,
             "batch_size": b,
             "seq_len": self.seq_len,
+            "amp": self.amp,
             "parameters": self.parameters,
             "trainable_parameters": self.trainable_parameters,
             "flops": self.flops(b),
@@ -276,10 +305,10 @@ class Graph:
         return load_graph(path)
 
     def __repr__(self) -> str:
-        f = self.flops()
-        tf = sum(f.values()) / 1e12
+        from predictor.text import flops_text
+
         return (f"Graph({self.name!r}, mode={self.mode}, batch={self.batch_size}, "
-                f"params={self.parameters / 1e6:.1f}M, {tf:.2f} TFLOP/iter, "
+                f"params={self.parameters / 1e6:.1f}M, {flops_text(sum(self.flops().values()))}, "
                 f"{int(self.ops.count.sum())} ops in {len(self.ops)} rows, "
                 f"unsupported={sum(self.unsupported.values())})")
 

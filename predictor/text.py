@@ -45,3 +45,15 @@ def plain_text_figures() -> Iterator[None]:
 
     with matplotlib.rc_context({"text.usetex": False, "text.parse_math": False}):
         yield
+
+
+def flops_text(flops: float, per: str = "iter") -> str:
+    """FLOPs with a unit that keeps three significant figures: '4.11 GFLOP/iter',
+    '12.3 TFLOP/iter', never '0.00 TFLOP/iter' for a small model."""
+    value, unit = float(flops), "FLOP"
+    for prefix in ("k", "M", "G", "T", "P", "E"):
+        if abs(value) < 1000:
+            break
+        value, unit = value / 1000, prefix + "FLOP"
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:,.{digits}f} {unit}/{per}"

@@ -16,9 +16,33 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _in_range(text: str, check) -> int:
+    """A positive integer argument checked against predictor.limits."""
+    from predictor.errors import InvalidArgumentError
+
+    try:
+        return check(positive_int(text))
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def batch_size_arg(text: str) -> int:
+    """-b/--batch-size: a batch size in the supported range (predictor.limits)."""
+    from predictor.limits import check_batch_size
+
+    return _in_range(text, check_batch_size)
+
+
+def seq_len_arg(text: str) -> int:
+    """--seq-len: a sequence length in the supported range (predictor.limits)."""
+    from predictor.limits import check_seq_len
+
+    return _in_range(text, check_seq_len)
+
+
 def add_step_arguments(p: argparse.ArgumentParser, inference_help: str) -> None:
     """What step of MODEL is traced: sequence length, optimizer, or inference."""
-    p.add_argument("--seq-len", type=positive_int, help="sequence length for text models")
+    p.add_argument("--seq-len", type=seq_len_arg, help="sequence length for text models")
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
                    help="optimizer step to include (default: adam)")
     p.add_argument("--inference", action="store_true", help=inference_help)
@@ -107,6 +131,11 @@ def print_notes_stderr(lines: Sequence[str]) -> None:
         print(f"predictor: note: {line}", file=sys.stderr)
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 GPU', '2 GPUs' (``many`` for an irregular plural)."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
 def fmt(value) -> str:
     if value is None or value != value:
         return "-"
@@ -188,7 +217,13 @@ def _positive(text: str, item: str) -> int:
             f"bad batch size {item!r}: expected N or A..B (doubling), e.g. 1,2,4..1024") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {value}")
-    return value
+    from predictor.errors import InvalidArgumentError
+    from predictor.limits import check_batch_size
+
+    try:
+        return check_batch_size(value)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # ---- --calibration, and the devices to predict ----------------------------------

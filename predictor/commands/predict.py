@@ -7,7 +7,7 @@ import json
 
 from predictor.commands.common import (add_calibration_argument, add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
-                                       add_step_arguments, console, load_specs, notes,
+                                       add_step_arguments, batch_size_arg, console, load_specs, notes,
                                        positive_int, print_notes_stderr, targets,
                                        trace_from_args)
 
@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
                "exported ONNX model (model.onnx: its first input dim is the batch, other "
                "symbolic dims take --seq-len).")
     p.add_argument("model", metavar="MODEL", help="zoo name, factory spec or .onnx file")
-    p.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the model's)")
+    p.add_argument("-b", "--batch-size", type=batch_size_arg,
+                   help="batch size (default: the model's)")
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
     add_step_arguments(p, "predict a no-grad forward pass only")
@@ -33,6 +34,9 @@ def add_parser(sub) -> None:
     add_calibration_argument(p)
     p.add_argument("--breakdown", type=positive_int, nargs="?", const=10, metavar="N",
                    help="also show the N slowest ops on the fastest GPU (default 10)")
+    p.add_argument("--breakdown-gpu", metavar="GPU",
+                   help="show the breakdown on this GPU (one of --gpus) instead of the fastest; "
+                        "implies --breakdown")
     add_format_arguments(p)
 
 
@@ -41,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
     load_specs(args.spec)
     gpus, cal = targets(args)  # fail on a bad GPU or calibration before tracing
+    chosen = breakdown_device(args.breakdown_gpu, gpus)
+    if chosen is not None and not args.breakdown:
+        args.breakdown = 10
     graph = trace_from_args(args)
     if cal is not None:
         cal.check_graph(graph)
@@ -68,11 +75,35 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print_table(graph, df, lines, res.max_memory_fraction)
     if args.breakdown:
-        fastest = next(g for g in gpus if g.id == df["gpu"][0])
-        pred = engine.predict(graph, fastest, dtype=args.dtype, tf32_matmul=args.tf32 or None,
+        if chosen is None:
+            chosen = next(g for g in gpus if g.id == df["gpu"][0])  # the fastest
+        pred = engine.predict(graph, chosen, dtype=args.dtype, tf32_matmul=args.tf32 or None,
                               calibration=cal)
         print_breakdown(pred, args.breakdown)
     return 0
+
+
+def breakdown_device(name, gpus):
+    """The device --breakdown-gpu names among those predicted (None when not given)."""
+    if name is None:
+        return None
+    from predictor import hardware
+    from predictor.errors import InvalidArgumentError
+
+    by_id = {g.id.lower(): g for g in gpus}
+    gid = name.strip().lower()
+    if gid not in by_id:
+        try:
+            gid = hardware.get(name).id.lower()
+        except Exception:  # noqa: BLE001 - an unknown name is reported below
+            pass
+    if gid not in by_id:
+        from predictor.io import printable
+
+        raise InvalidArgumentError(f"--breakdown-gpu {printable(repr(name))} is not one of the "
+                                   f"devices predicted ({', '.join(g.id for g in gpus)}); "
+                                   "add it to --gpus")
+    return by_id[gid]
 
 
 def memory_notes(res) -> list[str]:
@@ -87,15 +118,20 @@ def memory_notes(res) -> list[str]:
 def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
     from rich.table import Table
 
+    from predictor.text import flops_text
+
     flops = sum(graph.flops().values())
     title = (f"{graph.name} · {graph.mode} · batch {graph.batch_size}"
              + (f" · seq {graph.seq_len}" if graph.seq_len else "")
-             + f" · {graph.parameters / 1e6:,.1f} M params · {flops / 1e12:,.2f} TFLOP/iter")
+             + f" · {graph.parameters / 1e6:,.1f} M params · {flops_text(flops)}")
     table = Table(title=title, title_justify="left")
     table.add_column("GPU", no_wrap=True)
     tokens = "tokens_per_s" in df  # the input has a sequence dim (graph.seq_len)
     memory = bool(df["memory_gb"].notna().any())  # peak memory modelled
-    for label in ("iter ms", "fwd ms", "bwd ms", "opt ms", "host ms", "samples/s") \
+    # An inference step has no backward pass or optimizer step: no columns of 0.00.
+    train = graph.mode == "train"
+    phases = ("iter ms", "fwd ms", "bwd ms", "opt ms") if train else ("iter ms", "fwd ms")
+    for label in phases + ("host ms", "samples/s") \
             + (("tokens/s",) if tokens else ()) + (("peak GiB", "fits") if memory else ()):
         table.add_column(label, justify="right", no_wrap=True)
     for row in df.itertuples():
@@ -103,8 +139,8 @@ def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
         host = getattr(row, "overhead_ms", 0.0)
         fits = bool(row.fits)
         table.add_row(row.gpu, f"{row.iteration_ms:,.2f}", f"{row.forward_ms:,.2f}",
-                      f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}", f"{host:,.2f}",
-                      f"{row.throughput:,.1f}",
+                      *((f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}") if train else ()),
+                      f"{host:,.2f}", f"{row.throughput:,.1f}",
                       *((f"{row.tokens_per_s:,.0f}",) if tokens else ()),
                       *((f"{row.memory_gb:,.1f}", "yes" if fits else "NO") if memory else ()),
                       style=None if fits or not memory else "red")
@@ -128,11 +164,12 @@ def print_breakdown(pred, n: int) -> None:
     from rich.table import Table
 
     df = pred.ops.head(n)
-    table = Table(title=f"slowest ops on {pred.gpu}", title_justify="left")
-    for col in ("family", "phase", "shape", "count", "ms", "share", "basis"):
-        table.add_column(col, justify="right" if col in ("count", "ms", "share") else "left",
-                         no_wrap=col != "shape")
+    table = Table(title=f"slowest ops on {pred.gpu} (per iteration: ms total = count × ms each)",
+                  title_justify="left")
+    for col in ("family", "phase", "shape", "count", "ms each", "ms total", "share", "basis"):
+        table.add_column(col, justify="right" if col in ("count", "ms each", "ms total", "share")
+                         else "left", no_wrap=col != "shape")
     for row in df.itertuples():
-        table.add_row(row.family, row.phase, row.shape, str(row.count), f"{row.ms:,.3f}",
-                      f"{row.share:.1%}", row.basis)
+        table.add_row(row.family, row.phase, row.shape, str(row.count), f"{row.ms_each:,.4f}",
+                      f"{row.ms:,.3f}", f"{row.share:.1%}", row.basis)
     console().print(table)

@@ -128,7 +128,7 @@ def _title(graph, args) -> str:
 def print_best(graph, args, res, best, seconds: float, lines=()) -> None:
     from rich.table import Table
 
-    from predictor.commands.common import fmt
+    from predictor.commands.common import fmt, plural
 
     memory = res.memory_bytes is not None
     largest = int(res.batch_sizes[-1])
@@ -153,7 +153,8 @@ def print_best(graph, args, res, best, seconds: float, lines=()) -> None:
     out.print(_title(graph, args), style="bold")
     out.print(table)
     n = res.phase_ms.shape[0] * res.phase_ms.shape[1]
-    note = (f"{len(res.gpus)} GPUs × {len(res.batch_sizes)} batch sizes = {n:,} configurations "
+    note = (f"{plural(len(res.gpus), 'GPU')} × {plural(len(res.batch_sizes), 'batch size')} = "
+            f"{plural(n, 'configuration')} "
             f"predicted in {seconds * 1e3:,.1f} ms (the first sweep of a process includes loading "
             "the compiled kernels); --csv/--json give the forward/backward/optimizer split")
     if (best["batch_size"] == largest).any() and len(res.batch_sizes) > 1:

@@ -27,8 +27,9 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
-from predictor.frontend import memory_pass, optimizers
+from predictor.frontend import autocast, memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
+from predictor.limits import check_batch_size, check_seq_len
 from predictor.lowering import lower
 from predictor.optable import Graph
 
@@ -89,18 +90,23 @@ class _Spec:
 
     def __init__(self, name: str, build: Callable[[], Any], inputs: Callable[[int], Any],
                  loss_fn: Callable | None, batch_size: int, seq_len: int | None,
-                 build_inference: Callable[[], Any] | None = None):
+                 build_inference: Callable[[], Any] | None = None,
+                 prebuilt: tuple | None = None):
         self.name, self.build, self.inputs, self.loss_fn = name, build, inputs, loss_fn
         self.batch_size, self.seq_len = batch_size, seq_len
         self.build_inference = build_inference
+        # (FakeTensorMode, module): a user factory's one call, traced in that
+        # mode instead of calling the factory again.
+        self.prebuilt = prebuilt
         # The sequence length of the inputs as traced (_input_seq_len), set by _trace_once.
         self.input_seq_len: int | None = None
 
 
 def _check_positive(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgumentError(f"{what} must be a positive integer, got {value!r}")
-    return value
+    """A batch size or sequence length in the supported range (predictor.limits)."""
+    if what == "sequence length":
+        return check_seq_len(value, what)
+    return check_batch_size(value, what)
 
 
 def _resize_batch(x: Any, batch: int, batch_dim: int | None) -> Any:
@@ -140,10 +146,13 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
                    "it takes no sequence input"))
         b = batch_size if batch_size is not None else entry.default_batch_size
         s = seq_len if seq_len is not None else entry.default_seq_len
-        # Validate the sequence length up front (make_inputs checks limits).
-        entry.make_inputs(1, s) if s is not None else None
+        # Validate the sequence length up front (make_inputs checks limits), on
+        # fake tensors: a real (1, 2**31) int64 input would take 16 GiB.
+        if s is not None:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                entry.make_inputs(1, s)
         return _Spec(name or entry.name, entry.build, lambda n: entry.make_inputs(n, s),
-                     loss_fn or entry.loss_fn, b, s, entry.inference_fn)
+                     loss_fn or entry.loss_fn, b, s, entry.inference_fn, entry.prebuilt)
     if isinstance(model, torch.nn.Module):
         module = model
         build = lambda: module  # noqa: E731
@@ -152,16 +161,21 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
     else:
         raise InvalidArgumentError(
             f"model must be an nn.Module, a zero-argument factory or a zoo name, got {type(model).__name__}")
+    prebuilt = None
     if example_inputs is None and not isinstance(model, torch.nn.Module):
-        # A factory returning (model, example_inputs): learn the inputs from one fake call.
+        # A factory returning (model, example_inputs): its one call, under a
+        # fake mode the trace then reuses (the factory is never called again).
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True):
+            with fake:
                 built = model()
         except Exception as exc:  # noqa: BLE001 — user code
             raise TraceError(f"the model factory raised {_one_line(exc)}") from exc
         if isinstance(built, tuple) and len(built) == 2:
             example_inputs = built[1]
-            build = lambda: model()[0]  # noqa: E731
+            if isinstance(built[0], torch.nn.Module):
+                prebuilt = (fake, built[0])
+            build = lambda: model()[0]  # noqa: E731 - a real model (calibration)
     if example_inputs is None:
         raise InvalidArgumentError(
             "example_inputs is required for a model object (a tuple of tensors)")
@@ -175,7 +189,8 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
         b = batch_size or given or 1
         shapes = example_inputs
         make = lambda n: _resize_batch(shapes, n, batch_dim)  # noqa: E731
-    return _Spec(name or type(model).__name__, build, make, loss_fn, b, seq_len)
+    return _Spec(name or type(model).__name__, build, make, loss_fn, b, seq_len,
+                 prebuilt=prebuilt)
 
 
 def _input_seq_len(inputs: Any, batch: int) -> int | None:
@@ -250,13 +265,22 @@ def _tensor_outputs(output: Any, notes: list[str]) -> tuple:
 
 
 def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
-                notes: list[str] | None = None):
+                notes: list[str] | None = None, amp: str | None = None):
     """Trace the step at `batch`; returns (GraphModule, phase marks, counts).
-    One-line notes on how it was traced are appended to `notes`."""
+    One-line notes on how it was traced are appended to `notes`. `amp`
+    ("bf16" / "fp16"): forward and loss under CUDA's autocast policy, fp16
+    with a GradScaler (predictor.frontend.autocast)."""
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    policy = autocast.CudaAutocast(amp) if amp is not None else None
+    region = policy.region if policy is not None else contextlib.nullcontext
+    scaling = amp == "fp16" and mode == "train"
+    if spec.prebuilt is not None and not (mode == "inference" and spec.build_inference):
+        fake = spec.prebuilt[0]
     with fake:
         if mode == "inference" and spec.build_inference is not None:
             module = spec.build_inference()
+        elif spec.prebuilt is not None:
+            module = spec.prebuilt[1]
         else:
             built = spec.build()
             module = built[0] if isinstance(built, tuple) else built
@@ -268,6 +292,8 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         spec.input_seq_len = _input_seq_len(inputs, batch)
         trainable = [k for k, p in params.items() if p.requires_grad]
         opt_state = optimizers.state_for(optimizer, [params[k] for k in trainable])
+        if scaling:
+            opt_state = [list(autocast.scaler_state())] + opt_state
     was_training = module.training
     module.train(mode == "train")
     marks: list[int] = []
@@ -279,17 +305,26 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         marks.append(len(proxy.tracer.graph.nodes) if proxy is not None else 0)
 
     def train_step(params, buffers, opt_state, inputs):
-        out = _call(module, {**params, **buffers}, inputs)
-        loss = loss_fn(out)
+        if scaling:
+            (scale, growth), opt_state = opt_state[0], opt_state[1:]
+        with region():
+            out = _call(module, {**params, **buffers}, inputs)
+            loss = loss_fn(out)
+        if scaling:
+            loss = autocast.scale_loss(loss, scale)
         mark()
         wrt = [params[k] for k in trainable]
         grads = torch.autograd.grad(loss, wrt, allow_unused=True)
         mark()
         used = [(p, g) for p, g in zip(wrt, grads) if g is not None]
         with torch.no_grad():
+            if scaling:
+                found_inf = autocast.unscale([g for _, g in used], scale)
             optimizers.step(optimizer, [p for p, _ in used], [g for _, g in used],
                             [[s[i] for i, (_, g) in enumerate(zip(wrt, grads)) if g is not None]
                              for s in opt_state])
+            if scaling:
+                autocast.update_scale(scale, growth, found_inf)
         return loss
 
     # Inference: a forward pass without building a KV cache (see NO_CACHE_NOTE).
@@ -298,12 +333,12 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         notes.append(NO_CACHE_NOTE)
 
     def inference_step(params, buffers, opt_state, inputs):
-        with torch.no_grad():
+        with torch.no_grad(), region():
             return _tensor_outputs(_call(module, {**params, **buffers}, inputs, no_cache), notes)
 
     step = train_step if mode == "train" else inference_step
     try:
-        with CudaPaths(), fake:
+        with CudaPaths(), fake, (policy if policy is not None else contextlib.nullcontext()):
             gm = make_fx(step, tracing_mode="real")(params, buffers, opt_state, inputs)
     finally:
         module.train(was_training)
@@ -316,7 +351,7 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
 def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = None,
           optimizer: str | None = "adam", mode: str = "train", batch_dim: int | None = 0,
           batch_size: int | None = None, seq_len: int | None = None,
-          name: str | None = None) -> Graph:
+          name: str | None = None, amp: str | None = None) -> Graph:
     """Trace one training iteration (or an inference forward) into a Graph.
 
     model: an ``nn.Module`` (any device, ``meta`` included), a zero-argument
@@ -332,10 +367,15 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         vision models, factories); for a model object its inputs set the
         shapes, and ``Graph.seq_len`` is their length: dim 1 of ``input_ids`` or
         of the first 2-D integer input (token ids), else None.
+    amp: "bf16" or "fp16": mixed precision as ``torch.autocast("cuda", dtype)``
+        runs it (forward and loss under CUDA's autocast policy, fp32 master
+        weights cast every step, the optimizer on fp32 weights; fp16 adds a
+        ``GradScaler``); None: every op in the model's own dtypes.
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
     optimizer = optimizers.check(optimizer) if mode == "train" else None
+    amp = autocast.check(amp)
     if batch_size is not None:
         _check_positive(batch_size, "batch size")
     if seq_len is not None:
@@ -344,6 +384,10 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
             and str(model).lower().endswith(".onnx"):
         # An ONNX file: its own frontend (loss_fn names a loss: "mean" or "cross_entropy").
         from predictor.frontend.onnx import trace_onnx
+        if amp is not None:
+            raise InvalidArgumentError(
+                "amp= is not supported for ONNX graphs yet; trace the PyTorch model, or export "
+                "the ONNX file in the precision you train in")
         return trace_onnx(model, batch_size=batch_size, seq_len=seq_len, mode=mode,
                           optimizer=optimizer, loss=loss_fn or "mean", name=name)
     spec = _spec_for(model, example_inputs, loss_fn, batch_dim, batch_size, seq_len, name)
@@ -353,7 +397,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     try:
         with _quiet_torch_logs():
             gm, marks, counts, notes, sentinel = _trace_with_fallback(spec, mode, optimizer,
-                                                                      sentinel)
+                                                                      sentinel, amp)
     except PredictorError:
         raise
     except Exception as exc:  # noqa: BLE001 — any failure inside user code
@@ -374,7 +418,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         batch_scalable=lowered.batch_scalable and sentinel is not None,
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__,
         host_ops=list(lowered.host_ops),
-        memory=mem)
+        memory=mem, amp=amp)
     # How to build and feed the model for real (calibration runs the real step);
     # an attribute, not a field: callables are not saved with the graph.
     graph.source = spec
@@ -391,16 +435,21 @@ def _hint(exc: BaseException) -> str:
         return ("the model returned an object that is not a tensor; return tensors, or a "
                 "dict/tuple of them, or pass loss_fn= to reduce the output")
     name = type(exc).__name__
+    if "overflow" in msg.lower():
+        return ("a tensor's size overflows torch's int64 sizes; use a smaller batch size or "
+                "sequence length")
     if "DataDependent" in name or "data-dependent" in msg.lower() or "data dependent" in msg.lower():
         return "data-dependent control flow cannot be traced"
     return ("check the example inputs' shapes; data-dependent control flow cannot be traced")
 
 
-def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel: int | None):
+def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel: int | None,
+                         amp: str | None = None):
     """Trace at the sentinel batch; if the model rejects it, at the requested batch."""
     notes: list[str] = []
     try:
-        gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size, notes)
+        gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size, notes,
+                                        amp)
     except PredictorError:
         raise
     except Exception:
@@ -410,5 +459,5 @@ def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel
         # requested one; the graph is then valid at that batch only.
         sentinel = None
         notes.clear()
-        gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size, notes)
+        gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size, notes, amp)
     return gm, marks, counts, notes, sentinel

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from predictor.errors import InvalidArgumentError
+from predictor.limits import check_batch_size, check_seq_len
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class ZooModel:
     inference_fn:       () -> nn.Module for inference when it differs from the
                         training module (e.g. another HF head); None means
                         ``build()`` put in ``.eval()``.
+    prebuilt:           (FakeTensorMode, nn.Module): a model already built under
+                        that fake mode (a user factory's one call), which the
+                        tracer uses instead of calling ``build()`` again; None
+                        for the zoo's own models.
     """
 
     name: str
@@ -45,20 +50,18 @@ class ZooModel:
     default_seq_len: "int | None" = None
     batch_dim: int = 0
     inference_fn: "Callable[[], torch.nn.Module] | None" = None
+    prebuilt: "tuple[Any, torch.nn.Module] | None" = None
 
 
 def check_batch(batch_size: int) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidArgumentError(f"batch size must be a positive integer, got {batch_size!r}")
-    return batch_size
+    return check_batch_size(batch_size)
 
 
 def check_seq(seq_len: "int | None", default: int, maximum: "int | None", model: str) -> int:
     """The sequence length to use: the default when None, else validated."""
     if seq_len is None:
         return default
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise InvalidArgumentError(f"sequence length must be a positive integer, got {seq_len!r}")
+    seq_len = check_seq_len(seq_len)
     if maximum is not None and seq_len > maximum:
         raise InvalidArgumentError(
             f"sequence length {seq_len} exceeds {model}'s maximum of {maximum} positions"

@@ -2,11 +2,13 @@
 
 The factory takes no arguments (or only an optional ``batch_size``) and
 returns ``(model, example_inputs)`` or a bare model. ``load_factory`` calls it
-once under its own ``FakeTensorMode`` (so nothing real is allocated) to check
-that it works and to record the shapes and dtypes of the example inputs; every
-``build()`` calls the factory again (the tracer does so inside its own fake
-mode) and ``make_inputs(b, _)`` makes new tensors of the recorded dtypes with
-the batch dimension set to ``b``.
+exactly once, under a ``FakeTensorMode`` (so nothing real is allocated: layers
+built in it hold fake parameters), records the shapes and dtypes of the example
+inputs, and keeps the fake model with its fake mode (``ZooModel.prebuilt``): the
+tracer traces that model inside the same mode and never calls the factory again.
+``build()`` calls the factory for a real model; only ``predictor calibrate``
+does, to time the real training step. ``make_inputs(b, _)`` makes new tensors
+of the recorded dtypes with the batch dimension set to ``b``.
 
 A bare model needs its inputs from somewhere: if it has an ``example_inputs``
 attribute (a tensor, a tuple of tensors, or a method returning one) that is
@@ -151,8 +153,9 @@ def load_factory(spec: str) -> ZooModel:
 
     factory, attr = _import_target(spec)
 
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with fake:
             result = _call_factory(factory)
             model, raw_inputs = _split_result(result, spec)
     except UnknownModelError:
@@ -175,7 +178,7 @@ def load_factory(spec: str) -> ZooModel:
             )
         default_batch = batched[0].shape[batch_dim]
     n_params = sum(p.numel() for p in model.parameters())
-    del model, result, raw_inputs
+    del result, raw_inputs
 
     def build() -> nn.Module:
         return _split_result(_call_factory(factory), spec)[0]
@@ -211,6 +214,7 @@ def load_factory(spec: str) -> ZooModel:
         default_batch_size=default_batch,
         default_seq_len=None,
         batch_dim=batch_dim,
+        prebuilt=(fake, model),
     )
 
 
