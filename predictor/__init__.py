@@ -24,7 +24,7 @@ __all__ = [
     "trace", "predict", "sweep", "gpus", "load_specs", "Graph", "Prediction", "SweepResult",
     "PredictorError", "UnknownGPUError", "UnknownModelError", "SpecError", "TraceError",
     "InvalidArgumentError", "__version__", "calibrate", "load_calibration", "search",
-    "predict_op",
+    "predict_op", "Space", "explore",
 ]
 
 
@@ -45,6 +45,9 @@ def __getattr__(name: str):
     if name == "search":
         from predictor.design_search import search
         return search
+    if name in ("Space", "explore", "ExploreResult"):
+        from predictor import exploration
+        return getattr(exploration, name)
     if name == "predict_op":
         from predictor.opmodel import predict_op
         return predict_op

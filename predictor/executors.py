@@ -1,0 +1,96 @@
+"""The local executor of ``predictor.explore``: a process pool over this
+machine's cores.
+
+Workers are forked where the platform allows it (Linux): they inherit the
+imported torch and the run's state (the factory may be a lambda or a closure),
+and start in milliseconds. Elsewhere they are spawned and the factory must be
+importable (a module-level function).
+
+At most one chunk of candidates is in flight per worker, so when a worker
+dies (killed, out of memory, a crash in native code) the pool knows which
+chunks were running: the pool is rebuilt and those chunks run again, up to
+`max_retries` times each, after which their candidates are recorded as failed
+with a one-line error. A candidate that raises is never a dead worker: it is
+recorded by ``exploration.evaluate`` and the run goes on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Callable
+
+from predictor import exploration
+
+
+def _context():
+    methods = mp.get_all_start_methods()
+    return mp.get_context("fork" if "fork" in methods else "spawn")
+
+
+def dead_worker_records(state: dict, chunk: list[int], attempts: int) -> list[dict]:
+    return [{"key": state["keys"][i], "config": state["configs"][i], "status": "failed",
+             "error": f"the worker process died {attempts} times evaluating this candidate "
+                      "(killed, out of memory, or a crash in native code)"} for i in chunk]
+
+
+def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]], None], *,
+              workers: int, max_retries: int = 3) -> None:
+    """Evaluate every chunk on a pool of `workers` processes, handing each
+    chunk's records to `on_records` (in this process) as it completes."""
+    chunks = list(chunks)
+    pending = list(range(len(chunks)))[::-1]     # a stack: chunk 0 first
+    attempts = [0] * len(chunks)
+    ctx = _context()
+    if ctx.get_start_method() == "fork":
+        exploration.warm_up(state["settings"])
+
+    def lost(c: int) -> None:
+        """A chunk lost with its worker runs again; one of several candidates
+        again on its own, so that a candidate that kills its worker takes
+        nobody else down with it."""
+        if len(chunks[c]) == 1:
+            pending.append(c)
+            return
+        for i in chunks[c]:
+            chunks.append([i])
+            attempts.append(attempts[c])
+            pending.append(len(chunks) - 1)
+
+    while pending:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                   initializer=exploration.set_state, initargs=(state,))
+        running: dict = {}
+        broken = False
+        clean = False
+        try:
+            while pending or running:
+                while pending and len(running) < workers:
+                    c = pending.pop()
+                    attempts[c] += 1
+                    running[pool.submit(exploration.evaluate_chunk, chunks[c])] = c
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    c = running.pop(fut)
+                    try:
+                        recs = fut.result()
+                    except BrokenProcessPool:
+                        broken = True
+                        lost(c)
+                        continue
+                    on_records(recs)
+                if broken:
+                    # Every chunk that was running is lost with the pool.
+                    for c in running.values():
+                        lost(c)
+                    running.clear()
+                    break
+            clean = not broken
+        finally:
+            # An interrupted run does not wait for the chunks still running.
+            pool.shutdown(wait=clean, cancel_futures=True)
+        # Chunks that have used up their retries are recorded as failed.
+        for c in [c for c in pending if attempts[c] > max_retries]:
+            pending.remove(c)
+            on_records(dead_worker_records(state, chunks[c], attempts[c]))
