@@ -11,7 +11,7 @@ dies (killed, out of memory, a crash in native code) the pool knows which
 chunks were running: the pool is rebuilt and those chunks run again, up to
 `max_retries` times each, after which their candidates are recorded as failed
 with a one-line error. A candidate that raises is never a dead worker: it is
-recorded by ``exploration.evaluate`` and the run goes on.
+recorded by ``candidate.evaluate`` and the run goes on.
 """
 
 from __future__ import annotations
@@ -21,18 +21,12 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
-from predictor import exploration
+from predictor import candidate
 
 
 def _context():
     methods = mp.get_all_start_methods()
     return mp.get_context("fork" if "fork" in methods else "spawn")
-
-
-def dead_worker_records(state: dict, chunk: list[int], attempts: int) -> list[dict]:
-    return [{"key": state["keys"][i], "config": state["configs"][i], "status": "failed",
-             "error": f"the worker process died {attempts} times evaluating this candidate "
-                      "(killed, out of memory, or a crash in native code)"} for i in chunk]
 
 
 def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]], None], *,
@@ -44,7 +38,7 @@ def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[d
     attempts = [0] * len(chunks)
     ctx = _context()
     if ctx.get_start_method() == "fork":
-        exploration.warm_up(state["settings"])
+        candidate.warm_up(state["settings"])
 
     def lost(c: int) -> None:
         """A chunk lost with its worker runs again; one of several candidates
@@ -60,7 +54,7 @@ def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[d
 
     while pending:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                   initializer=exploration.set_state, initargs=(state,))
+                                   initializer=candidate.set_state, initargs=(state,))
         running: dict = {}
         broken = False
         clean = False
@@ -69,7 +63,7 @@ def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[d
                 while pending and len(running) < workers:
                     c = pending.pop()
                     attempts[c] += 1
-                    running[pool.submit(exploration.evaluate_chunk, chunks[c])] = c
+                    running[pool.submit(candidate.evaluate_chunk, chunks[c])] = c
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     c = running.pop(fut)
@@ -93,4 +87,4 @@ def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[d
         # Chunks that have used up their retries are recorded as failed.
         for c in [c for c in pending if attempts[c] > max_retries]:
             pending.remove(c)
-            on_records(dead_worker_records(state, chunks[c], attempts[c]))
+            on_records(candidate.dead_worker_records(state, chunks[c], attempts[c]))

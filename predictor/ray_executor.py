@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Callable
 
-from predictor import exploration
+from predictor import candidate
 from predictor.errors import InvalidArgumentError, MissingExtraError
 
 # Tasks in flight per CPU of the cluster: enough to keep every worker busy
@@ -37,8 +37,8 @@ def _ray():
 
 
 def _task(state: dict, chunk: list[int]) -> list[dict]:
-    exploration._single_threaded()
-    return exploration.evaluate_chunk(chunk, state)
+    candidate._single_threaded()
+    return candidate.evaluate_chunk(chunk, state)
 
 
 def _ship_by_value(ray, factory: Callable) -> None:
@@ -76,7 +76,7 @@ def run(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]],
         except Exception as exc:  # noqa: BLE001 - Ray's own errors are many
             where = f"at {address}" if address else "(a local one)"
             raise InvalidArgumentError(f"cannot start or reach the Ray cluster {where}: "
-                                       f"{exploration.one_line(exc)}") from None
+                                       f"{candidate.one_line(exc)}") from None
         started = True
     try:
         _ship_by_value(ray, state["factory"])
@@ -96,11 +96,9 @@ def run(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]],
                 try:
                     recs = ray.get(ref)
                 except ray.exceptions.WorkerCrashedError:
-                    from predictor.executors import dead_worker_records
-
-                    recs = dead_worker_records(state, chunks[c], max_retries + 1)
+                    recs = candidate.dead_worker_records(state, chunks[c], max_retries + 1)
                 except ray.exceptions.RayError as exc:
-                    msg = f"Ray task failed: {exploration.one_line(exc)}"
+                    msg = f"Ray task failed: {candidate.one_line(exc)}"
                     recs = [{"key": state["keys"][i], "config": state["configs"][i],
                              "status": "failed", "error": msg} for i in chunks[c]]
                 on_records(recs)

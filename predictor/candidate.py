@@ -1,0 +1,225 @@
+"""One candidate of ``predictor.explore``, as a worker evaluates it.
+
+``evaluate`` builds the model (``factory(**config)`` under a FakeTensorMode),
+finds its traced graph (in this process's memory or the run's graph folder,
+by a fingerprint of the model's structure and input shapes: see
+``predictor.fingerprint``) or traces it, sweeps it over every GPU and batch
+size with one ``predictor.search``, and returns a JSON-able *record*: the
+config, parameters, a row per (GPU, batch size), or the one-line error that
+stopped it. It never raises for a problem with the candidate.
+
+The executors (``predictor.executors``, ``predictor.ray_executor``) call
+``evaluate_chunk`` in their workers; ``predictor.exploration`` drives them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from predictor.errors import InvalidArgumentError, PredictorError, TraceError
+from predictor.io import printable
+
+
+def one_line(exc: BaseException) -> str:
+    """A one-line description of an exception from user code."""
+    if isinstance(exc, PredictorError):
+        return printable(str(exc), 2000)
+    msg = " ".join(str(exc).split())
+    if len(msg) > 300:
+        msg = msg[:297] + "..."
+    return printable(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__, 2000)
+
+
+# --------------------------------------------------------------- settings --
+
+@dataclass(frozen=True)
+class Settings:
+    """What a candidate's numbers depend on, besides its config."""
+
+    gpus: tuple[str, ...]
+    batch_sizes: tuple[int, ...] | None      # None: each candidate's traced batch size
+    mode: str = "train"
+    optimizer: str | None = "adam"
+    dtype: str | None = None
+    tf32_matmul: bool | None = None
+    prices: tuple[tuple[str, float], ...] = ()
+
+    def to_json(self) -> dict:
+        return {"gpus": list(self.gpus), "batch_sizes": None if self.batch_sizes is None
+                else list(self.batch_sizes), "mode": self.mode, "optimizer": self.optimizer,
+                "dtype": self.dtype, "tf32_matmul": self.tf32_matmul,
+                "prices": [list(p) for p in self.prices]}
+
+
+# ----------------------------------------------------------- one candidate --
+
+_MEMO: "OrderedDict[str, Any]" = OrderedDict()  # fingerprint -> Graph, per worker process
+_MEMO_SIZE = 16
+
+
+def _build(factory: Callable, config: dict):
+    """(model, inputs) from factory(**config), under a FakeTensorMode (no real memory)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            built = factory(**config)
+    except PredictorError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise TraceError(f"the factory raised {one_line(exc)}") from None
+    if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module)):
+        raise TraceError(f"the factory returned {type(built).__name__}; expected "
+                         "(model, example_inputs)")
+    return built
+
+
+def _graph(factory: Callable, config: dict, settings: Settings, graph_dir: str | None):
+    """(Graph, where it came from: 'traced' | 'memory' | 'disk')."""
+    import predictor
+    from predictor import cache, fingerprint
+
+    model, inputs = _build(factory, config)
+    fp = fingerprint.structure(model, inputs, mode=settings.mode, optimizer=settings.optimizer)
+    key = None
+    if fp is not None:
+        if fp in _MEMO:
+            _MEMO.move_to_end(fp)
+            return _MEMO[fp], "memory"
+        key = cache.graph_key({"structure": fp}, batch_size=0, seq_len=None, mode=settings.mode,
+                              optimizer=settings.optimizer, extra="explore")
+        if graph_dir is not None:
+            g = cache.load(key, "candidate", graph_dir)
+            if g is not None:
+                _remember(fp, g)
+                return g, "disk"
+    g = predictor.trace(lambda: _build(factory, config), optimizer=settings.optimizer,
+                        mode=settings.mode, name="candidate")
+    if fp is not None:
+        _remember(fp, g)
+        if graph_dir is not None:
+            cache.store(key, g, "candidate", graph_dir)
+    return g, "traced"
+
+
+def _remember(fp: str, g) -> None:
+    _MEMO[fp] = g
+    while len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+
+
+def _rows(graph, settings: Settings) -> list[dict]:
+    from predictor import design_search, hardware
+
+    prices = dict(settings.prices)
+    batches = [graph.batch_size] if settings.batch_sizes is None else list(settings.batch_sizes)
+    res = design_search.search(graph, objective="throughput", gpus=list(settings.gpus),
+                               batch_sizes=batches, max_memory_fraction=1.0,
+                               prices=prices or None, dtype=settings.dtype,
+                               tf32_matmul=settings.tf32_matmul)
+    caps = {g.id: g.memory_gb for g in hardware.database().resolve(list(settings.gpus))}
+    flops = {}
+    rows = []
+    for rec in res.table.to_dict(orient="records"):
+        b = int(rec["batch_size"])
+        if b not in flops:
+            flops[b] = float(sum(graph.flops(b).values()))
+        ms, thr = float(rec["iteration_ms"]), float(rec["samples_per_s"])
+        if not (math.isfinite(ms) and ms > 0 and math.isfinite(thr) and thr > 0):
+            raise InvalidArgumentError(f"non-finite prediction on {rec['gpu']} at batch {b}")
+        rows.append({
+            "gpu": rec["gpu"], "batch_size": b, "iteration_ms": ms, "samples_per_s": thr,
+            "memory_gb": _num(rec["memory_gb"]), "memory_capacity_gb": caps[rec["gpu"]],
+            "usd_per_hour": _num(rec["usd_per_hour"]), "flops": flops[b],
+        })
+    return rows
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def evaluate(factory: Callable, config: dict, key: str, settings: Settings,
+             graph_dir: str | None) -> dict:
+    """One candidate's record: never raises for a problem with the candidate."""
+    start = time.perf_counter()
+    rec: dict[str, Any] = {"key": key, "config": config}
+    try:
+        graph, source = _graph(factory, config, settings, graph_dir)
+        rows = _rows(graph, settings)
+        rec.update(status="ok", params=int(graph.parameters), graph=source, rows=rows)
+    except Exception as exc:  # noqa: BLE001 - a bad candidate is recorded, not fatal
+        rec.update(status="failed", error=one_line(exc))
+    rec["seconds"] = round(time.perf_counter() - start, 4)
+    rec["pid"] = os.getpid()
+    return rec
+
+
+_WARM: list[bool] = []
+
+
+def warm_up(settings: Settings) -> None:
+    """Import the tracer and load the numba kernels once, by tracing and
+    sweeping a one-layer model: forked workers then start warm (seconds each
+    otherwise). Once per process."""
+    if _WARM:
+        return
+    _WARM.append(True)
+    import torch
+
+    def tiny():
+        return torch.nn.Sequential(torch.nn.Linear(4, 4)), (torch.zeros(2, 4),)
+
+    try:
+        graph, _ = _graph(tiny, {}, settings, None)
+        _rows(graph, settings)
+    except Exception:  # noqa: BLE001 - only an optimisation
+        pass
+    _MEMO.clear()
+
+
+# A worker's view of the run (set once per process: by fork, or by the pool's initializer).
+_STATE: dict[str, Any] = {}
+
+
+def set_state(state: dict) -> None:
+    _STATE.clear()
+    _STATE.update(state)
+    _single_threaded()
+
+
+def _single_threaded() -> None:
+    """One thread per worker: the workers are the parallelism."""
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    try:
+        import numba
+
+        numba.set_num_threads(1)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def evaluate_chunk(indices: list[int], state: dict | None = None) -> list[dict]:
+    """Records of the candidates at `indices` (of the state's configs)."""
+    st = state if state is not None else _STATE
+    return [evaluate(st["factory"], st["configs"][i], st["keys"][i], st["settings"],
+                     st["graph_dir"]) for i in indices]
+
+
+def dead_worker_records(state: dict, chunk: list[int], attempts: int) -> list[dict]:
+    """Failure records of candidates whose worker process kept dying."""
+    return [{"key": state["keys"][i], "config": state["configs"][i], "status": "failed",
+             "error": f"the worker process died {attempts} times evaluating this candidate "
+                      "(killed, out of memory, or a crash in native code)"} for i in chunk]
