@@ -145,3 +145,20 @@ def _work_table(family, dbase, dslope, batch):
         dims_at(dbase, dslope, i, batch, d)
         flops[i], elems[i] = flops_and_elems(family[i], d)
     return flops, elems
+
+
+@njit(cache=True)
+def largest_count(family, dbase, dslope, batch):
+    """The largest count any row reaches at `batch` (a float): a dim, or the
+    elements it moves (which bound its thread blocks and the products of dims
+    the other kernels form in int64). Computed in float64, so it cannot wrap
+    around where the int64 counts would (predictor.limits.MAX_COUNT)."""
+    d = np.empty(dbase.shape[1], dtype=np.float64)
+    top = 0.0
+    for i in range(family.shape[0]):
+        for j in range(dbase.shape[1]):
+            d[j] = float(dbase[i, j]) + float(dslope[i, j]) * batch
+            top = max(top, abs(d[j]))
+        _, elems = flops_and_elems(family[i], d)
+        top = max(top, abs(elems))
+    return top

@@ -76,9 +76,12 @@ def _batches(graph: Graph, batch_sizes: Iterable[int] | int | None) -> np.ndarra
         batch_sizes = [graph.batch_size]
     elif isinstance(batch_sizes, (int, np.integer)):
         batch_sizes = [int(batch_sizes)]
-    out = [graph.check_batch(b) for b in batch_sizes]
+    out = [graph.check_batch(b, extent=False) for b in batch_sizes]
     if not out:
         raise InvalidArgumentError("no batch size given")
+    # Counts grow with the batch (dims are affine in it): the ends bound them all.
+    graph.check_extent(min(out))
+    graph.check_extent(max(out))
     return np.asarray(out, dtype=np.int64)
 
 

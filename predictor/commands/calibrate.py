@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from predictor.commands.common import (add_spec_argument, add_step_arguments, console, load_specs,
-                                       positive_int, trace_from_args)
+from predictor.commands.common import (add_spec_argument, add_step_arguments, batch_size_arg,
+                                       console, load_specs, positive_int, trace_from_args)
 
 NAME = "calibrate"
 
@@ -17,7 +17,7 @@ def _batch_list(text: str) -> list[int]:
     out = []
     for item in str(text).split(","):
         if item.strip():
-            out.append(positive_int(item.strip()))
+            out.append(batch_size_arg(item.strip()))
     if not out:
         raise argparse.ArgumentTypeError(f"no batch size in {text!r}")
     return out
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("model", metavar="MODEL", help="zoo name or factory spec")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="calibration file to write (.npz)")
-    p.add_argument("-b", "--batch-size", type=positive_int,
+    p.add_argument("-b", "--batch-size", type=batch_size_arg,
                    help="batch size to trace and calibrate at (default: the model's)")
     p.add_argument("--calibrate-at", type=_batch_list, metavar="LIST",
                    help="batch sizes to measure, comma-separated (default: B/4, B and 2B)")

@@ -56,6 +56,7 @@ from onnx import numpy_helper
 from predictor import dtypes, families
 from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.io import printable
+from predictor.limits import check_batch_size, check_seq_len
 from predictor.families import TensorMeta
 from predictor.frontend import optimizers
 from predictor.frontend import training_synthesis as synthesis
@@ -467,10 +468,10 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
     optimizer = optimizers.check(optimizer) if mode == "train" else None
-    for value, what in ((batch_size, "batch size"), (seq_len, "sequence length")):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value <= 0):
-            raise InvalidArgumentError(f"{what} must be a positive integer, got {value!r}")
+    if batch_size is not None:
+        batch_size = check_batch_size(batch_size)
+    if seq_len is not None:
+        seq_len = check_seq_len(seq_len)
     if callable(loss):
         raise InvalidArgumentError(
             f"{path}: an ONNX model takes a loss by name ('mean' or 'cross_entropy'), "
@@ -480,8 +481,7 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
             f"unknown loss {loss!r} for an ONNX model; choose one of {', '.join(synthesis.LOSSES)}")
     dims = dict(dims or {})
     for k, v in dims.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise InvalidArgumentError(f"dims[{k!r}] must be a positive integer, got {v!r}")
+        check_seq_len(v, f"dims[{k!r}]")
     p = Path(path)
     model = load(p)
     nodes = _topological(model.graph, p)
