@@ -17,6 +17,7 @@ from numba import njit
 from predictor.kernels import layout as L
 from predictor.kernels.features import N_FEATURES, group_of, ideal_us, row_features
 from predictor.kernels.mlp import efficiency, floor_us, has_group
+from predictor.kernels import precision
 from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
 from predictor.kernels.roofline import op_time_us as analytical_time_us
 
@@ -39,7 +40,15 @@ def learned_rows(family, mlp):
 
 @njit(cache=True)
 def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
-    """Time of one execution of a row on one GPU, microseconds."""
+    """Time of one execution of a row on one GPU, microseconds. Rows in half
+    precision or TF32 are priced as predictor.kernels.precision says."""
+    mode = precision.mode_of(family, dtype_code, gpu, params)
+    if mode == precision.TENSOR_CORE:
+        return precision.tensor_core_us(family, dtype_code, kernels, d, gpu, params)
+    if mode == precision.AS_FP32:
+        d32 = np.empty_like(d)
+        precision.fp32_dims(family, dtype_code, d, d32)
+        d, dtype_code = d32, L.F32
     group = group_of(family)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
@@ -57,7 +66,15 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
 def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     """Time of one op measured on its own (as in a per-op benchmark): the
     learned model plus the group's fixed per-measurement floor; the analytical
-    model with one launch otherwise."""
+    model with one launch otherwise (tensor-core and half-precision rows as
+    in op_time_us)."""
+    mode = precision.mode_of(family, dtype_code, gpu, params)
+    if mode == precision.TENSOR_CORE:
+        return precision.tensor_core_us(family, dtype_code, 1, d, gpu, params)
+    if mode == precision.AS_FP32:
+        d32 = np.empty_like(d)
+        precision.fp32_dims(family, dtype_code, d, d32)
+        d, dtype_code = d32, L.F32
     group = group_of(family)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, 1, d, gpu, params)

@@ -15,6 +15,7 @@ from predictor import calibrated, dtypes, hardware, opmodel, overhead
 from predictor import memory as memmodel
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
+from predictor.kernels import precision
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows
 from predictor.kernels.roofline import P_TF32_CONV, P_TF32_MATMUL, default_params
@@ -54,10 +55,20 @@ def using_weights(mlp: np.ndarray):
         _WEIGHTS_OVERRIDE.pop()
 
 
-def predicted_basis(ops) -> np.ndarray:
+def predicted_basis(ops, gpu=None, params: np.ndarray | None = None) -> np.ndarray:
     """Per-row basis of a prediction without calibration: learned where a
-    learned model serves the row's family, analytical elsewhere."""
-    return np.where(learned_rows(ops.family, _mlp()), L.BASIS_LEARNED, L.BASIS_ANALYTICAL)
+    learned model serves the row's family, analytical elsewhere. With `gpu`
+    (a feature row): GEMMs and convolutions on its tensor cores (half
+    precision, TF32 matmuls) are analytical (predictor.kernels.precision);
+    memory-bound rows in half precision stay learned: the fp32 model prices
+    them by the bytes they move."""
+    basis = np.where(learned_rows(ops.family, _mlp()), L.BASIS_LEARNED, L.BASIS_ANALYTICAL)
+    if gpu is not None:
+        p = default_params() if params is None else params
+        for i, (fam, dt) in enumerate(zip(ops.family, ops.dtype)):
+            if precision.mode_of(fam, dt, gpu, p) == precision.TENSOR_CORE:
+                basis[i] = L.BASIS_ANALYTICAL
+    return basis
 
 
 def model_params(tf32_matmul: bool | None = None, tf32_conv: bool | None = None) -> np.ndarray:
@@ -106,6 +117,7 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
         chosen = db.resolve(gpus)
     batches = _batches(graph, batch_sizes)
     code = dtypes.parse(dtype)
+    _check_amp(graph, code, chosen)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     feats = db.features(chosen)
     params = model_params(tf32_matmul, tf32_conv)
@@ -125,6 +137,27 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
                        overhead_phase_ms=exposed, memory_bytes=mem,
                        memory_capacity_gb=[g.memory_gb for g in chosen],
                        max_memory_fraction=max_memory_fraction, seq_len=graph.seq_len)
+
+
+def _check_amp(graph: Graph, code: int | None, chosen) -> None:
+    """A graph traced under autocast keeps autocast's dtypes (dtype= would
+    recast every op, undoing it); bf16 autocast on a GPU without bf16 tensor
+    cores runs emulated at the fp32 rate: a warning naming the GPUs."""
+    amp = getattr(graph, "amp", None)
+    if amp is None:
+        return
+    if code is not None:
+        raise InvalidArgumentError(
+            f"{graph.name} was traced with amp={amp!r}: its ops already have autocast's dtypes; "
+            "drop dtype= (or trace without amp)")
+    if amp == "bf16":
+        lacking = [g.id for g in chosen if g.spec.get("bf16_supported", True) is False]
+        if lacking:
+            import warnings
+
+            warnings.warn(f"no bf16 tensor cores on {', '.join(lacking)}: amp='bf16' matmuls and "
+                          "convolutions are predicted emulated at the fp32 rate there; use "
+                          "amp='fp16' on these GPUs", stacklevel=3)
 
 
 def _memory(graph: Graph, chosen, batches: np.ndarray, code: int | None,
@@ -159,7 +192,7 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
         evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
                      g.features, model_params(tf32_matmul, tf32_conv), _mlp(),
                      *_NO_CALIBRATION, per_op)
-        basis = predicted_basis(ops)
+        basis = predicted_basis(ops, g.features, model_params(tf32_matmul, tf32_conv))
     fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
     return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
                       backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,

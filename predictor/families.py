@@ -528,6 +528,19 @@ def _foreach(*args, out=None, **kwargs) -> list[Row]:
     return [memory_row(L.OPTIMIZER, read, written, read, inner, n_tensors, kernels)]
 
 
+@register(aten._amp_foreach_non_finite_check_and_unscale_)
+def _amp_unscale(grads, found_inf, inv_scale, *_, out=None, **__) -> list[Row]:
+    # GradScaler.unscale_: one multi-tensor kernel per chunk of gradients that
+    # multiplies each by 1/scale in place and flags a non-finite value.
+    return _foreach(grads, out=None)
+
+
+@register(aten._amp_update_scale_, aten._amp_update_scale)
+def _amp_update(scale, growth_tracker, found_inf, *_, out=None, **__) -> list[Row]:
+    # GradScaler.update: one single-thread kernel over three scalars.
+    return [memory_row(L.OPTIMIZER, 3, 2, 3, 1, 1)]
+
+
 def _is_multi_tensor(op: Any) -> bool:
     name = getattr(getattr(op, "overloadpacket", op), "__name__", "")
     return name.startswith("_foreach_") or name.startswith("_fused_")

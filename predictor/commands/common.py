@@ -46,6 +46,9 @@ def add_step_arguments(p: argparse.ArgumentParser, inference_help: str) -> None:
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
                    help="optimizer step to include (default: adam)")
     p.add_argument("--inference", action="store_true", help=inference_help)
+    p.add_argument("--amp", default=None, choices=["bf16", "fp16"],
+                   help="mixed precision as torch.autocast('cuda', dtype) runs it (fp16 with a "
+                        "GradScaler); default: none")
 
 
 def add_precision_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,7 +106,8 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     "notes" list; --csv: on stderr): how the step was traced, and bf16 asked
     of GPUs without bf16 tensor cores."""
     out = list(getattr(graph, "notes", None) or [])
-    bf16 = dtype == "bfloat16" or dtype is None and _traced_in_bf16(graph)
+    bf16 = dtype == "bfloat16" or dtype is None and (
+        getattr(graph, "amp", None) == "bf16" or _traced_in_bf16(graph))
     lacking = [g.id for g in gpus if bf16 and g.spec.get("bf16_supported", True) is False]
     if lacking:
         out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "
@@ -156,7 +160,7 @@ def trace_from_args(args: argparse.Namespace):
 
     with console(stderr=True).status(f"tracing {markup_safe(args.model)} ...", spinner="dots"):
         return predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
-                               optimizer=optimizer, mode=mode)
+                               optimizer=optimizer, mode=mode, amp=getattr(args, "amp", None))
 
 
 def load_graph(args: argparse.Namespace):
@@ -167,7 +171,9 @@ def load_graph(args: argparse.Namespace):
 
         traced_as = [flag for flag, given in (("--seq-len", args.seq_len is not None),
                                               ("--optimizer", args.optimizer != "adam"),
-                                              ("--inference", args.inference)) if given]
+                                              ("--inference", args.inference),
+                                              ("--amp", getattr(args, "amp", None) is not None))
+                     if given]
         if traced_as:
             raise InvalidArgumentError(f"{', '.join(traced_as)} cannot change a saved graph "
                                        f"({args.model}); trace the model again with them")

@@ -1,0 +1,181 @@
+"""Half-precision and TF32 rows: how they compose with the fp32 op models.
+
+The learned op models were trained on fp32 kernels only. A row in another
+precision is priced in one of three ways (``mode``):
+
+- ``TENSOR_CORE``: a GEMM or convolution that runs on tensor cores (fp16 /
+  bf16 on a GPU with tensor cores for that dtype, or an fp32 matmul with TF32
+  switched on) is priced from physics: the dtype's tensor-core peak per SM,
+  128 x 128 output tiles run one per SM per wave (tile and wave quantisation,
+  split-K when the tiles cannot fill the GPU, K padded to the MMA k-step), an
+  achievable fraction of peak (``TC_FRACTION``), slower fallback kernels when a
+  dim breaks the alignment rule (``UNALIGNED_SLOWDOWN``), and the bytes moved
+  at the dtype's width against DRAM bandwidth, whichever is longer.
+- ``AS_FP32``: a row the fp32 models price with rewritten dims and dtype fp32:
+  a memory-bound kernel in a 2-byte dtype is priced as the fp32 kernel moving
+  the same number of bytes (half the elements: read, written, FLOPs and the
+  outer count halved, the row length kept); a bf16 GEMM on a GPU without bf16
+  tensor cores (V100, T4, P100) is priced as the fp32 GEMM it is emulated by.
+- ``AS_IS``: everything else, unchanged.
+
+``TC_FRACTION`` is not fitted to anything here: it is the mean of the four
+NVIDIA "maximum achievable matmul FLOPS" efficiencies published in Stas
+Bekman's Machine Learning Engineering book (compute/accelerator/README.md,
+BF16 table: A100 SXM 86.9 %, GH200 83.6 %, A100 PCIe 81.1 %, H100 SXM 80.3 %),
+the best any shape reached; tile and wave quantisation take shapes below it.
+``UNALIGNED_SLOWDOWN`` is chosen by hand (not fitted): cuBLAS and cuDNN need
+16-byte-aligned rows for their fastest tensor-core kernels (cuBLAS docs,
+"Tensor Core Usage"), and the slowdown of the fallback kernels is not published
+per GPU; 2x is a round figure.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from predictor.kernels import layout as L
+from predictor.kernels.roofline import P_ETA_M, P_LAUNCH_US, P_TF32_MATMUL, SPLIT_K_MIN
+from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes
+
+AS_IS = 0
+TENSOR_CORE = 1
+AS_FP32 = 2
+
+TC_FRACTION = 0.83
+UNALIGNED_SLOWDOWN = 2.0
+# Output tile of the tensor-core GEMM and convolution kernels, one resident per
+# SM (cuBLAS/CUTLASS 128x128 and 128x256 tiles on Ampere and Hopper fill an
+# SM's shared memory with their pipeline stages).
+TC_TILE_M = 128
+TC_TILE_N = 128
+# Reduction step of one tile iteration: 32 elements of a 2-byte dtype, 16 of TF32
+# (both 64 bytes).
+K_STEP_16 = 32
+K_STEP_TF32 = 16
+
+
+@njit(cache=True)
+def _is_gemm(family):
+    return family == L.MATMUL or family == L.CONV or family == L.CONV_DGRAD \
+        or family == L.CONV_WGRAD
+
+
+@njit(cache=True)
+def _memory_learned_family(family):
+    return family == L.ELEMENTWISE or family == L.DROPOUT or family == L.COPY \
+        or family == L.FILL or family == L.LOSS or family == L.OPTIMIZER \
+        or family == L.UNSUPPORTED or family == L.SOFTMAX or family == L.SOFTMAX_BWD \
+        or family == L.LAYER_NORM or family == L.LAYER_NORM_BWD
+
+
+@njit(cache=True)
+def rewrites(family, dtype_code, params):
+    """Whether a row may be priced other than as it stands (on some GPU)."""
+    if dtype_code == L.F16 or dtype_code == L.BF16:
+        return _is_gemm(family) or _memory_learned_family(family)
+    return dtype_code == L.F32 and family == L.MATMUL and params[P_TF32_MATMUL] > 0.5
+
+
+@njit(cache=True)
+def tensor_core_peak(family, dtype_code, gpu, params):
+    """Tensor-core FLOP/s of this row on this GPU; 0 when it does not run on
+    tensor cores. A dtype has tensor cores when its peak is well above the
+    CUDA cores' fp32 rate: fp16 at 4x or more (Volta on), or at 2x with bf16
+    at 2x too (GA10x boards, whose fp32 rate is doubled); bf16 at 2x or more;
+    TF32 at 2x or more (GA10x TF32 equals its fp32 rate: no gain). P100's
+    packed fp16 (2x, no bf16) is not a tensor core."""
+    if not _is_gemm(family):
+        return 0.0
+    fp32 = gpu[L.G_FP32_TFLOPS]
+    if dtype_code == L.F16:
+        p = gpu[L.G_FP16_TFLOPS]
+        ok = p >= 4.0 * fp32 or (p >= 2.0 * fp32 and gpu[L.G_BF16_TFLOPS] >= 2.0 * fp32)
+    elif dtype_code == L.BF16:
+        p = gpu[L.G_BF16_TFLOPS]
+        ok = p >= 2.0 * fp32
+    elif dtype_code == L.F32 and family == L.MATMUL and params[P_TF32_MATMUL] > 0.5:
+        p = gpu[L.G_TF32_TFLOPS]
+        ok = p >= 2.0 * fp32
+    else:
+        return 0.0
+    return p * 1e12 if ok else 0.0
+
+
+@njit(cache=True)
+def mode_of(family, dtype_code, gpu, params):
+    """How a row is priced on a GPU (AS_IS, TENSOR_CORE, AS_FP32)."""
+    if not rewrites(family, dtype_code, params):
+        return AS_IS
+    if _is_gemm(family):
+        if tensor_core_peak(family, dtype_code, gpu, params) > 0.0:
+            return TENSOR_CORE
+        if dtype_code == L.BF16:
+            return AS_FP32  # emulated through fp32 arithmetic
+        return AS_IS
+    if dtype_code == L.F16 or dtype_code == L.BF16:
+        return AS_FP32
+    return AS_IS
+
+
+@njit(cache=True)
+def fp32_dims(family, dtype_code, d, out):
+    """Dims of the fp32 row the fp32 models price in place of `d` (AS_FP32)."""
+    for j in range(d.shape[0]):
+        out[j] = d[j]
+    if _is_gemm(family):
+        return
+    width = row_elem_bytes(dtype_code)
+    for j in (L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS, L.MEM_OUTER):
+        out[j] = (d[j] * int(width) + 3) // 4
+
+
+@njit(cache=True)
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@njit(cache=True)
+def aligned(family, dtype_code, d):
+    """Whether a GEMM's dims meet the tensor-core alignment rule: multiples of
+    8 elements for fp16/bf16, 4 for TF32 (16 bytes), in the leading dims the
+    library reads: K and N (and M when A is a transposed view) for a matmul,
+    the input and output channels per group for a convolution."""
+    a = 4 if dtype_code == L.F32 else 8
+    if family == L.MATMUL:
+        ok = d[3] % a == 0 and d[2] % a == 0
+        if (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) != 0:
+            ok = ok and d[1] % a == 0
+        return ok
+    g = max(d[9], 1)
+    return (d[1] // g) % a == 0 and (d[4] // g) % a == 0
+
+
+@njit(cache=True)
+def tensor_core_us(family, dtype_code, kernels, d, gpu, params):
+    """Time of one execution of a tensor-core row (us)."""
+    peak = tensor_core_peak(family, dtype_code, gpu, params)
+    bt, m, n, k = gemm_shape(family, d)
+    launch = kernels * params[P_LAUNCH_US]
+    if bt <= 0 or m <= 0 or n <= 0 or k <= 0 or peak <= 0.0:
+        return launch + 1e-3
+    sms = max(int(gpu[L.G_SMS]), 1)
+    tiles = bt * _cdiv(m, TC_TILE_M) * _cdiv(n, TC_TILE_N)
+    split = 1
+    if tiles < sms:
+        split = max(min(sms // tiles, k // SPLIT_K_MIN), 1)
+    waves = _cdiv(tiles * split, sms)
+    step = K_STEP_TF32 if dtype_code == L.F32 else K_STEP_16
+    k_tile = _cdiv(_cdiv(k, split), step) * step
+    tile_flops = 2.0 * TC_TILE_M * TC_TILE_N * k_tile
+    flops, elems = flops_and_elems(family, d)
+    # The implicit GEMM of a strided convolution's dgrad counts more
+    # multiply-adds than it does (predictor.kernels.work): scale to the op's own.
+    gemm_flops = 2.0 * bt * m * n * k
+    ratio = min(flops / gemm_flops, 1.0) if gemm_flops > 0.0 else 1.0
+    eff = TC_FRACTION
+    if not aligned(family, dtype_code, d):
+        eff /= UNALIGNED_SLOWDOWN
+    t_c = waves * tile_flops * ratio / (peak / sms * eff) * 1e6
+    width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
+    t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[P_ETA_M + family]) * 1e6
+    return max(t_c, t_m) + launch
