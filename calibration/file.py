@@ -438,6 +438,8 @@ def check_ranges(cal: Calibration, path) -> None:
         field_ = _FEATURE_FIELD.get(name)
         if field_ is not None:
             lo, hi = hardware._RANGES.get(field_, hardware._TFLOPS_RANGE)
+        elif col == L.G_CHIP:  # hardware.chip_key: 0 or 1 + a CRC-32
+            lo, hi = 0.0, 2.0 ** 32 + 1
         else:  # columns the kernels do not divide by: 0 is allowed (not known)
             lo, hi = 0.0, 1e8
         number(f"device.features.{name}", feats[col], lo, hi)

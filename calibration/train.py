@@ -223,8 +223,11 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     return GroupModel(group, mean, std, layers, floor, eta_max)
 
 
-def pack(models: dict[int, GroupModel]) -> np.ndarray:
-    """The flat weight array read by ``predictor.kernels.mlp``."""
+def pack(models: dict[int, GroupModel],
+         corrections: dict[int, dict[float, float]] | None = None) -> np.ndarray:
+    """The flat weight array read by ``predictor.kernels.mlp``; `corrections`:
+    per group, {chip key: log time correction} (see `chip_corrections`)."""
+    corrections = corrections or {}
     header = np.zeros(1 + HEADER * N_GROUPS)
     header[0] = N_GROUPS
     body = []
@@ -239,12 +242,63 @@ def pack(models: dict[int, GroupModel]) -> np.ndarray:
                            m.layers[1][0].shape[0], m.eta_max, m.floor_us)
         body.append(flat)
         offset += len(flat)
+    for g in range(N_GROUPS):
+        table = corrections.get(g)
+        if g not in models or not table:
+            continue
+        pairs = np.array([v for chip in sorted(table) for v in (chip, table[chip])])
+        h = 1 + HEADER * g
+        header[h + 6:h + 8] = (offset, len(table))
+        body.append(pairs)
+        offset += len(pairs)
     return np.concatenate([header, *body]) if body else header
 
 
+# A chip needs this many measured kernels of a group for its own correction.
+MIN_CHIP_SAMPLES = 50
+
+
+def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[float, float]]:
+    """Per group and chip of the training data, the chip's systematic log time
+    offset from the networks (which see no feature naming the GPU): the median
+    of log((measured - floor) / (predicted - floor)) over the chip's kernels
+    that take at least twice the floor. A median, so that a few odd
+    measurements do not move it; unweighted, since weighting by time hands the
+    offset to a handful of the largest kernels of the sweep (P100 GEMMs: +0.38
+    time-weighted against +0.07 unweighted). Boards of one chip pool their
+    kernels (``hardware.chip_key``)."""
+    from predictor.kernels.features import group_of
+    from predictor.kernels.mlp import floor_us
+    from predictor.kernels.optime import isolated_times_us
+
+    ids = sorted(set(samples.gpu))
+    db = hardware.database()
+    gpus = db.features([db.get(i) for i in ids])
+    index = np.array([ids.index(g) for g in samples.gpu], dtype=np.int64)
+    chip = gpus[index, L.G_CHIP]
+    pred_us = isolated_times_us(samples.family.astype(np.int64), np.zeros(len(samples), np.int64),
+                                np.ascontiguousarray(samples.dims), gpus, index,
+                                training_params(), mlp)
+    meas_us = samples.latency_ms * 1e3
+    group = np.array([group_of(int(f)) for f in samples.family])
+    out: dict[int, dict[float, float]] = {}
+    for g in range(N_GROUPS):
+        if not len(mlp) or mlp[1 + HEADER * g] == 0:
+            continue
+        floor = floor_us(mlp, g)
+        for c in sorted(set(chip[group == g]) - {0.0}):
+            sel = (group == g) & (chip == c) & (meas_us > 2 * floor) & (pred_us > floor)
+            if sel.sum() < MIN_CHIP_SAMPLES:
+                continue
+            r = np.log((meas_us[sel] - floor) / (pred_us[sel] - floor))
+            out.setdefault(g, {})[float(c)] = float(np.median(r))
+    return out
+
+
 def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
-          progress=None) -> np.ndarray:
-    """Fit every group present in `samples`; returns the packed weights."""
+          progress=None, chips: bool = True) -> np.ndarray:
+    """Fit every group present in `samples`; returns the packed weights, with
+    the per-chip corrections of the chips in `samples` unless `chips` is False."""
     x, ideal, group, target = features(samples)
     x_more, ideal_more, _, _ = features(doubled(samples, seed))
     models = {}
@@ -263,7 +317,23 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
         models[g] = fit_group(g, x[mask], ideal[mask], target[mask], x_more=x_more[mask],
                               ideal_more=ideal_more[mask], probes=probes, seed=seed + g,
                               epochs=epochs, progress=progress)
-    return pack(models)
+    if not chips:
+        return pack(models)
+    return pack(models, chip_corrections(samples, pack(models)))
+
+
+def corrections_by_gpu(mlp: np.ndarray, gpu_ids) -> dict[str, dict[str, float]]:
+    """The packed per-chip corrections as {group: {GPU id: log correction}}
+    (for the weights file's description; boards of one chip share a value)."""
+    from predictor.kernels.mlp import chip_correction
+
+    out = {}
+    for g in range(N_GROUPS):
+        if len(mlp) and mlp[1 + HEADER * g] > 0:
+            row = {gid: round(float(chip_correction(mlp, g, hardware.get(gid).features[L.G_CHIP])),
+                              4) for gid in gpu_ids}
+            out[GROUP_NAMES[g]] = {k: v for k, v in row.items() if v != 0.0}
+    return out
 
 
 def save(path: str | Path, mlp: np.ndarray, meta: dict) -> None:
@@ -287,6 +357,7 @@ def train_from_data(data: str | Path, out: str | Path, *, seed: int = 0, epochs:
     meta = {"format": 1, "seed": seed, "epochs": epochs, "hidden": list(HIDDEN),
             "shipped_groups": [GROUP_NAMES[g] for g in SHIPPED_GROUPS],
             "features": N_FEATURES, "groups": list(GROUP_NAMES),
-            "gpus": sorted(set(samples.gpu)), "samples": int(len(samples))}
+            "gpus": sorted(set(samples.gpu)), "samples": int(len(samples)),
+            "chip_corrections": corrections_by_gpu(mlp, sorted(set(samples.gpu)))}
     save(Path(out) / WEIGHTS_FILE, mlp, meta)
     return mlp, meta

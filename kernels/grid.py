@@ -33,7 +33,7 @@ from numba import njit, prange
 
 from predictor.kernels import layout as L
 from predictor.kernels.features import N_FEATURES, group_of, ideal_us, row_features
-from predictor.kernels.mlp import has_group
+from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
 from predictor.kernels.precision import rewrites
@@ -116,7 +116,8 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
         # ignored), and full vectors run faster than a scalar remainder.
         efficiency_block(mlp, group, x, x.shape[0], eta, zbuf, hbuf, acc)
         for g in range(g0, g1):
-            t = ideal_us(fam, dt, d, gpus[g], params) / eta[g - g0] + kern * params[P_LAUNCH_US]
+            e = with_chip(mlp, group, eta[g - g0], gpus[g, L.G_CHIP])
+            t = ideal_us(fam, dt, d, gpus[g], params) / e + kern * params[P_LAUNCH_US]
             if fam == L.LSTM or fam == L.LSTM_BWD:
                 t += d[0] * params[P_LSTM_STEP_US]
             if scaled:

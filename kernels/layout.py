@@ -103,7 +103,11 @@ G_SMEM_SM_KB = 12
 G_MEMORY_GB = 13
 G_FP8_TFLOPS = 14
 G_TDP_W = 15
-N_GPU_FEATURES = 16
+# Which chip the GPU is (architecture and SM count, hashed to an exact integer;
+# 0: none known). Boards of one chip share the op models' per-chip corrections
+# (see predictor.kernels.mlp.chip_correction); no model reads it as a feature.
+G_CHIP = 16
+N_GPU_FEATURES = 17
 
 # ---- basis of a per-op time ----------------------------------------------------
 BASIS_ANALYTICAL = 0

@@ -4,9 +4,12 @@ Layout of `mlp` (float64), written by ``predictor.calibration.train``:
 
     [0]                      number of groups G
     [1 + 8*g : 9 + 8*g]      header of group g: offset, n_in, h1, h2, eta_max,
-                             floor_us, 0, 0   (offset 0: no model for the group)
+                             floor_us, corr_offset, n_corr
+                             (offset 0: no model for the group)
     [offset ...]             mean[n_in], std[n_in], W1[h1, n_in], b1[h1],
                              W2[h2, h1], b2[h2], w3[h2], b3
+    [corr_offset ...]        n_corr pairs (chip key, log correction): the
+                             group's per-chip corrections (see chip_correction)
 
 The output is an efficiency in (0, eta_max]: a sigmoid of the last layer,
 scaled. eta_max is 1 except where an algorithm does fewer FLOPs than the
@@ -77,3 +80,39 @@ def efficiency(mlp, group, x, hidden):
             s += mlp[row + i] * hidden[i]
         z += mlp[w3 + j] * math.tanh(s)
     return eta_max / (1.0 + math.exp(-z))
+
+
+@njit(cache=True)
+def chip_correction(mlp, group, chip):
+    """The group's log time correction for a chip it was trained on (0 for any
+    other chip, and for chip 0, "not known").
+
+    The networks see no feature that names a GPU, so that they carry over to
+    GPUs outside the data; on the GPUs in the data that leaves each chip's own
+    systematic offset (a V100 runs large fp32 GEMMs at 0.95 of peak where the
+    GPUs around it run 0.5-0.8). The correction is that offset, measured on
+    the chip's own training kernels: it applies to boards of that chip only."""
+    if chip == 0.0:
+        return 0.0
+    h = 1 + HEADER * group
+    off = int(mlp[h + 6])
+    for i in range(int(mlp[h + 7])):
+        if mlp[off + 2 * i] == chip:
+            return mlp[off + 2 * i + 1]
+    return 0.0
+
+
+@njit(cache=True)
+def chip_efficiency(mlp, group, x, hidden, chip):
+    """`efficiency` with the chip's correction applied, still at most eta_max."""
+    return with_chip(mlp, group, efficiency(mlp, group, x, hidden), chip)
+
+
+@njit(cache=True)
+def with_chip(mlp, group, eta, chip):
+    """An efficiency of the group's network with the chip's correction applied
+    (still at most eta_max)."""
+    c = chip_correction(mlp, group, chip)
+    if c == 0.0:
+        return eta
+    return min(eta * math.exp(-c), mlp[1 + HEADER * group + 4])

@@ -16,7 +16,7 @@ from numba import njit
 
 from predictor.kernels import layout as L
 from predictor.kernels.features import N_FEATURES, group_of, ideal_us, row_features
-from predictor.kernels.mlp import efficiency, floor_us, has_group
+from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
 from predictor.kernels.roofline import op_time_us as analytical_time_us
@@ -55,7 +55,7 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     x = np.empty(N_FEATURES)
     hidden = np.empty(MAX_HIDDEN)
     row_features(family, dtype_code, d, gpu, params, x)
-    eta = efficiency(mlp, group, x, hidden)
+    eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
     t = ideal_us(family, dtype_code, d, gpu, params) / eta + kernels * params[P_LAUNCH_US]
     if family == L.LSTM or family == L.LSTM_BWD:
         t += d[0] * params[P_LSTM_STEP_US]
@@ -81,7 +81,7 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     x = np.empty(N_FEATURES)
     hidden = np.empty(MAX_HIDDEN)
     row_features(family, dtype_code, d, gpu, params, x)
-    eta = efficiency(mlp, group, x, hidden)
+    eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
     return floor_us(mlp, group) + ideal_us(family, dtype_code, d, gpu, params) / eta
 
 

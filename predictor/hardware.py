@@ -62,11 +62,44 @@ class GPU:
 
     @property
     def price_per_hour(self) -> float | None:
-        p = self.spec.get("price_usd_per_hour")
-        return float(p) if p is not None else None
+        """Cloud on-demand USD per GPU-hour (the default price basis); None when unknown."""
+        return self.price("cloud").usd_per_hour
+
+    def price(self, basis: str = "cloud") -> "Price":
+        """This GPU's price on one basis (PRICE_BASES): cloud on-demand or marketplace."""
+        if basis not in PRICE_BASES:
+            from predictor.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"price basis must be one of {', '.join(PRICE_BASES)}, "
+                                       f"got {basis!r}")
+        prefix = PRICE_BASES[basis][0]
+        usd = self.spec.get(f"{prefix}_usd_per_hour")
+        source = self.spec.get(f"{prefix}_source")
+        return Price(basis, None if usd is None else float(usd), self.spec.get(f"{prefix}_date"),
+                     source, isinstance(source, str) and source.startswith("ESTIMATE"))
 
     def __getitem__(self, key: str) -> Any:
         return self.spec[key]
+
+
+# Price bases: the spec fields' prefix and how the basis is described.
+PRICE_BASES = {
+    "cloud": ("price", "cloud on-demand"),
+    "marketplace": ("marketplace", "marketplace"),
+}
+
+
+@dataclass(frozen=True)
+class Price:
+    """One GPU's price on one basis: USD per GPU-hour (None: not known on
+    that basis), its date (YYYY-MM) and source; `estimate` when the source
+    says it was not read from a live listing."""
+
+    basis: str
+    usd_per_hour: float | None
+    date: str | None
+    source: str | None
+    estimate: bool
 
 
 def _normalise(name: str) -> str:
@@ -86,7 +119,8 @@ _RANGES = {
 _TFLOPS_RANGE = (1e-6, 1e7)
 # Optional numbers other modules read (prices, all-reduce bandwidth): when
 # present they must be usable numbers too.
-_OTHER_NUMBERS = {"price_usd_per_hour": (0, 1e6), "interconnect_gbs": (1e-3, 1e7),
+_OTHER_NUMBERS = {"price_usd_per_hour": (0, 1e6), "marketplace_usd_per_hour": (0, 1e6),
+                  "interconnect_gbs": (1e-3, 1e7),
                   "nvlink_bridge_gbs": (0, 1e7), "tdp_w": (0, 1e6)}
 _WHOLE = {"sms", "max_threads_per_sm", "max_blocks_per_sm", "registers_per_sm"}
 
@@ -117,6 +151,17 @@ def _check_name(value: str, key: str, where: str) -> None:
         raise SpecError(f"{where}: field '{key}' has control characters: {printable(value)}")
 
 
+def chip_key(architecture, sms) -> float:
+    """An exact integer (as float) naming a chip: boards of one architecture
+    and SM count (an A100 PCIe 40GB and 80GB) run the same kernels the same
+    way. 0 when the architecture is not known."""
+    if not isinstance(architecture, str) or not architecture.strip():
+        return 0.0
+    import zlib
+
+    return float(1 + zlib.crc32(f"{architecture.strip().lower()}:{int(sms)}".encode()))
+
+
 def _gpu_from_spec(spec: dict, where: str) -> GPU:
     if not isinstance(spec, dict):
         raise SpecError(f"{where}: each [[gpu]] entry must be a table")
@@ -143,6 +188,13 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
     if spec.get("bf16_supported", True) is False:
         # No bf16 tensor cores: bf16 math runs at most at the fp32 rate.
         f[L.G_BF16_TFLOPS] = min(f[L.G_BF16_TFLOPS], f[L.G_FP32_TFLOPS])
+    if str(spec.get("vendor", "nvidia")).lower() == "amd":
+        # PyTorch on ROCm: no TF32/xf32 for fp32 convolutions or matmuls by
+        # default (the allow_tf32 switches do not turn it on); rocBLAS and
+        # MIOpen run fp32 on the matrix cores at the fp32 matrix rate.
+        fp32 = _number(spec, "fp32_matrix_tflops", where) if "fp32_matrix_tflops" in spec \
+            else f[L.G_FP32_TFLOPS]
+        f[L.G_FP32_TFLOPS] = f[L.G_TF32_TFLOPS] = fp32
     # Multi-die packages (MI250: 2 GCDs) appear to PyTorch as one device per die.
     dies = spec.get("dies", 1)
     if isinstance(dies, bool) or not isinstance(dies, int) or not 1 <= dies <= f[L.G_SMS]:
@@ -169,6 +221,7 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
         for col in (L.G_SMS, L.G_MEM_BW_GBS, L.G_MEMORY_GB, L.G_FP32_TFLOPS, L.G_TF32_TFLOPS,
                     L.G_FP16_TFLOPS, L.G_BF16_TFLOPS, L.G_FP64_TFLOPS, L.G_FP8_TFLOPS):
             f[col] /= dies
+    f[L.G_CHIP] = chip_key(spec.get("architecture"), f[L.G_SMS])
     return GPU(id=gid, name=str(spec.get("name", gid)), vendor=str(spec.get("vendor", "nvidia")),
                features=f, spec=dict(spec))
 
@@ -274,7 +327,9 @@ def get(name: str | GPU) -> GPU:
 
 
 def gpus(vendor: str | None = None):
-    """All known GPUs as a pandas DataFrame (one row per GPU)."""
+    """All known GPUs as a pandas DataFrame (one row per GPU, as PyTorch sees
+    one device: a multi-die package's figures divided by its dies), with the
+    price on each basis, its date and whether it is an estimate."""
     import pandas as pd
 
     rows = []
@@ -282,12 +337,25 @@ def gpus(vendor: str | None = None):
         if vendor and g.vendor != vendor:
             continue
         s = g.spec
-        rows.append({
+        dies = s.get("dies", 1)
+
+        def per_device(key):
+            v = s.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or dies <= 1:
+                return v
+            return v // dies if isinstance(v, int) and v % dies == 0 else v / dies
+
+        row = {
             "id": g.id, "name": g.name, "vendor": g.vendor,
-            "architecture": s.get("architecture"), "sms": s.get("sms"),
-            "memory_gb": s.get("memory_gb"), "memory_bw_gbs": s.get("memory_bw_gbs"),
-            "fp32_tflops": s.get("fp32_tflops"), "tf32_tflops": s.get("tf32_tflops"),
-            "fp16_tflops": s.get("fp16_tflops"), "bf16_tflops": s.get("bf16_tflops"),
-            "price_usd_per_hour": s.get("price_usd_per_hour"),
-        })
+            "architecture": s.get("architecture"), "sms": per_device("sms"),
+            "memory_gb": per_device("memory_gb"), "memory_bw_gbs": per_device("memory_bw_gbs"),
+            "fp32_tflops": per_device("fp32_tflops"), "tf32_tflops": per_device("tf32_tflops"),
+            "fp16_tflops": per_device("fp16_tflops"), "bf16_tflops": per_device("bf16_tflops"),
+        }
+        for basis, (prefix, _) in PRICE_BASES.items():
+            p = g.price(basis)
+            row[f"{prefix}_usd_per_hour"] = p.usd_per_hour
+            row[f"{prefix}_date"] = p.date
+            row[f"{prefix}_estimate"] = p.estimate if p.usd_per_hour is not None else None
+        rows.append(row)
     return pd.DataFrame(rows)

@@ -26,6 +26,11 @@ from predictor.kernels.roofline import default_params
 WEIGHTS = "opmodels.npz"
 
 
+# A chip's correction of its op models' times is a few tens of percent; a
+# factor of 4 either way is a damaged file, not a GPU.
+MAX_CHIP_CORRECTION = float(np.log(4.0))
+
+
 def layout_problem(mlp: np.ndarray) -> str | None:
     """What is wrong with a packed weight array's layout (None: nothing), so a
     damaged or foreign array is refused before the numba forward pass reads
@@ -54,6 +59,15 @@ def layout_problem(mlp: np.ndarray) -> str | None:
             return f"group {g}: weights run past the end of the array"
         if not eta_max > 0 or floor < 0 or not (mlp[std:std + int(n_in)] > 0).all():
             return f"group {g}: non-positive efficiency bound, floor or feature scale"
+        c_off, n_corr = mlp[1 + HEADER * g + 6:1 + HEADER * g + 8]
+        if n_corr == 0:
+            continue
+        if c_off != int(c_off) or n_corr != int(n_corr) or n_corr < 0 \
+                or c_off < 1 + HEADER * N_GROUPS or c_off + 2 * n_corr > mlp.size:
+            return f"group {g}: per-chip corrections run past the end of the array"
+        corr = mlp[int(c_off) + 1:int(c_off) + 2 * int(n_corr):2]
+        if np.abs(corr).max() > MAX_CHIP_CORRECTION:
+            return f"group {g}: a per-chip correction beyond a factor of {np.exp(MAX_CHIP_CORRECTION):g}"
     return None
 
 

@@ -279,6 +279,17 @@ def efficiency(mlp, group: int, x: Sequence[float]) -> float:
     return eta_max / (1.0 + math.exp(-z))
 
 
+def with_chip(mlp, group: int, eta: float, chip: float) -> float:
+    """The efficiency with the chip's own correction (log time offset), if the
+    weights hold one for this chip, capped at eta_max."""
+    h = 1 + M.HEADER * group
+    off, n = int(mlp[h + 6]), int(mlp[h + 7])
+    for i in range(n):
+        if chip != 0.0 and mlp[off + 2 * i] == chip:
+            return min(eta * math.exp(-mlp[off + 2 * i + 1]), mlp[h + 4])
+    return eta
+
+
 # ---- kernels/optime.py -------------------------------------------------------------
 
 def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
@@ -289,7 +300,8 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
     group = group_of(family)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
-    eta = efficiency(mlp, group, row_features(family, dtype_code, d, gpu, params))
+    eta = with_chip(mlp, group, efficiency(mlp, group, row_features(family, dtype_code, d, gpu,
+                                                                     params)), gpu[L.G_CHIP])
     t = ideal_us(family, dtype_code, d, gpu, params) / eta + kernels * params[R.P_LAUNCH_US]
     if family in (L.LSTM, L.LSTM_BWD):
         t += d[0] * params[R.P_LSTM_STEP_US]

@@ -308,3 +308,103 @@ def test_cross_gpu_spread_bound(data_dir):
     assert set(df.family) >= {"linear", "bmm", "elementwise", "softmax", "layer_norm"}
     assert (df.n > 0).all() and np.isfinite(df.mape).all() and (df.mape > 0).all()
     assert "mean (no P4)" in accuracy.spread_table(df)
+
+
+# ---- per-chip corrections ------------------------------------------------------
+
+def test_chip_key_names_the_chip_not_the_board():
+    key = {g: hardware.get(g).features[L.G_CHIP] for g in
+           ("A100-PCIE-40GB", "A100-PCIE-80GB", "A100-SXM4-80GB", "V100-PCIE-32GB", "T4")}
+    assert key["A100-PCIE-40GB"] == key["A100-PCIE-80GB"] == key["A100-SXM4-80GB"]
+    assert len({key["A100-PCIE-40GB"], key["V100-PCIE-32GB"], key["T4"]}) == 3
+    assert all(k > 0 and k == int(k) for k in key.values())
+    assert hardware.chip_key(None, 80) == 0.0 and hardware.chip_key("", 80) == 0.0
+
+
+def _with_correction(mlp, group, chip, log_c):
+    """`mlp` with one per-chip correction for `group` (its other ones dropped)."""
+    from predictor.kernels.mlp import HEADER
+
+    out = np.concatenate([mlp, [chip, log_c]])
+    out[1 + HEADER * group + 6:1 + HEADER * group + 8] = (len(mlp), 1)
+    return out
+
+
+@needs_weights
+def test_a_chip_correction_moves_that_chip_only_in_every_code_path():
+    from predictor import reference
+    from predictor.kernels.features import G_MATMUL
+    from predictor.kernels.optime import op_time_us
+    from predictor.kernels.roofline import P_LAUNCH_US, default_params
+
+    mlp = opmodel.weights()
+    v100 = hardware.get("V100-PCIE-32GB").features
+    w = _with_correction(mlp, G_MATMUL, v100[L.G_CHIP], np.log(1.25))
+    assert opmodel.layout_problem(w) is None
+    fam, dims = _rows(L.MATMUL, [1, 2048, 2048, 2048])
+    params = default_params()
+    for gpu, factor in (("V100-PCIE-32GB", 1.25), ("A100-PCIE-40GB", 1.0), ("T4", 1.0)):
+        f = hardware.get(gpu).features
+        base = op_time_us(fam[0], 0, 1, dims[0], f, params, _without_corrections(mlp))
+        t = op_time_us(fam[0], 0, 1, dims[0], f, params, w)
+        launch = params[P_LAUNCH_US]
+        assert t - launch == pytest.approx((base - launch) * factor, rel=1e-9)
+        assert reference.op_time_us(int(fam[0]), 0, 1, list(dims[0]), list(f), params,
+                                    w) == pytest.approx(t, rel=1e-9)
+    # The sweep's block forward pass applies the same correction as op_time_us.
+    from predictor.kernels.grid import evaluate_grid
+
+    f = np.stack([hardware.get(g).features for g in ("V100-PCIE-32GB", "T4")])
+    out = np.zeros((2, 1, len(L.PHASE_NAMES)))
+    z = np.zeros((1, dims.shape[1]), dtype=np.int64)
+    evaluate_grid(fam, np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1), np.ones(1, np.int64),
+                  dims, z, np.ones(1, np.int64), f, params, w, np.zeros(0),
+                  np.zeros(0, np.int64), np.zeros(L.N_GPU_FEATURES), out)
+    for i in range(2):
+        assert out[i, 0, 0] * 1e3 == pytest.approx(op_time_us(fam[0], 0, 1, dims[0], f[i], params,
+                                                             w), rel=1e-9)
+
+
+def _without_corrections(mlp):
+    from predictor.kernels.features import N_GROUPS
+    from predictor.kernels.mlp import HEADER
+
+    out = mlp.copy()
+    for g in range(N_GROUPS):
+        out[1 + HEADER * g + 6:1 + HEADER * g + 8] = 0
+    return out
+
+
+@needs_weights
+def test_damaged_chip_corrections_are_refused():
+    from predictor.kernels.features import G_MATMUL
+    from predictor.kernels.mlp import HEADER
+
+    mlp = _without_corrections(opmodel.weights())
+    chip = hardware.get("T4").features[L.G_CHIP]
+    assert "factor of 4" in opmodel.layout_problem(_with_correction(mlp, G_MATMUL, chip, 3.0))
+    w = _with_correction(mlp, G_MATMUL, chip, 0.1)
+    w[1 + HEADER * G_MATMUL + 7] = 5  # five pairs claimed, one stored
+    assert "past the end" in opmodel.layout_problem(w)
+
+
+def test_chip_corrections_generalise_within_a_gpu(data_dir):
+    """Corrections measured on one half of each GPU's training kernels bring
+    the other half's V100 GEMMs closer (the V100 is the chip the networks fit
+    worst: it runs large fp32 GEMMs nearer peak than any GPU around it)."""
+    from benchmarks import accuracy as A
+    from predictor.calibration import datasets as D
+    from predictor.calibration import train as T
+
+    s = D.load_train(data_dir, ops=("linear", "bmm"))
+    mlp = _without_corrections(opmodel.weights())
+    half = np.random.default_rng(0).random(len(s)) < 0.5
+    corr = T.chip_corrections(s.subset(half), mlp)
+    w = mlp.copy()
+    for g, table in corr.items():
+        for chip, c in table.items():
+            if chip == hardware.get("V100-PCIE-32GB").features[L.G_CHIP]:
+                w = _with_correction(w, g, chip, c)
+    ev = s.subset(~half & (s.gpu == "V100-PCIE-32GB"))
+    err = [np.mean(np.abs(A.predict_learned(m, ev) / ev.latency_ms - 1)) for m in (mlp, w)]
+    assert err[1] < 0.8 * err[0]
