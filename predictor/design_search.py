@@ -188,6 +188,7 @@ class SearchResult:
     max_batch_sizes: dict[str, int | None] = field(default_factory=dict)
     sweep: Any = field(default=None, repr=False)
     price_info: dict[str, dict] = field(default_factory=dict)
+    price_basis: str = "cloud"
 
     def to_pandas(self):
         """One row per configuration, best first."""
@@ -232,9 +233,32 @@ class SearchResult:
         return {
             "model": self.model, "objective": self.objective, "run": self.run.describe(),
             "gpus_per_node": self.gpus_per_node, "max_memory_fraction": self.max_memory_fraction,
-            "max_batch_sizes": self.max_batch_sizes, "prices": self.price_info,
+            "max_batch_sizes": self.max_batch_sizes, "price_basis": self.price_basis,
+            "price_basis_text": self.price_basis_text(), "prices": self.price_info,
             "configurations": rows(self.table), "pareto": rows(self.pareto()),
         }
+
+    def price_basis_text(self) -> str:
+        """Which prices the costs (and a cost ranking) use, in one line: the
+        basis, the dates of the GPUs' prices, estimates and overrides."""
+        from predictor.hardware import PRICE_BASES
+
+        info = self.price_info.values()
+        dates = sorted({str(p["date"]) for p in info if p.get("date") and
+                        p.get("usd_per_gpu_hour") is not None})
+        span = "" if not dates else dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+        text = f"{PRICE_BASES[self.price_basis][1]} USD per GPU-hour" + (f" ({span})" if span else "")
+        est = sorted(g for g, p in self.price_info.items() if p.get("estimate")
+                     and p.get("usd_per_gpu_hour") is not None)
+        none = sorted(g for g, p in self.price_info.items() if p.get("usd_per_gpu_hour") is None)
+        over = sorted(g for g, p in self.price_info.items() if p.get("source") == "override")
+        if est:
+            text += f"; estimates: {', '.join(est)}"
+        if over:
+            text += f"; overridden: {', '.join(over)}"
+        if none:
+            text += f"; no price on this basis: {', '.join(none)}"
+        return text
 
     def __repr__(self) -> str:
         b = self.best()
@@ -261,7 +285,7 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
            prices: Mapping[str, float] | None = None, samples: int | None = None,
            epochs: float | None = None, iterations: int | None = None,
            gpus_per_node: int = 1, dtype=None, tf32_matmul: bool | None = None,
-           tf32_conv: bool | None = None) -> SearchResult:
+           tf32_conv: bool | None = None, price_basis: str = "cloud") -> SearchResult:
     """Rank every (GPU, batch size) for `graph` by `objective` (see the module doc).
 
     constraints: bounds on the table's columns: ``max_iteration_ms``,
@@ -269,6 +293,9 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
         ``max_usd_per_1m_samples``, ``max_hours`` and ``max_cost_usd`` (need a
         run), ``max_memory_gb``, ``min_batch_size``, ``max_batch_size``.
     prices: ``{GPU id or alias: USD per GPU-hour}`` overriding the GPU database's.
+    price_basis: which of the database's prices to use: "cloud" (on-demand list
+        prices, the default) or "marketplace"; a GPU without a price on that
+        basis has none (never one from the other basis), unless `prices` gives one.
     """
     import pandas as pd
 
@@ -288,6 +315,9 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
         if key in ("max_hours", "max_cost_usd") and not run.given:
             raise InvalidArgumentError(f"constraint {key} needs a run (samples or iterations)")
     overrides = _resolve_prices(prices)
+    if price_basis not in hardware.PRICE_BASES:
+        raise InvalidArgumentError(f"price basis must be one of "
+                                   f"{', '.join(hardware.PRICE_BASES)}, got {price_basis!r}")
 
     res = engine.sweep(graph, gpus, _batch_list(graph, batch_sizes), dtype=dtype,
                        tf32_matmul=tf32_matmul, tf32_conv=tf32_conv,
@@ -314,11 +344,12 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
     price_info, unit_price = {}, []
     for g in chosen:
         if g.id in overrides:
-            price_info[g.id] = {"usd_per_gpu_hour": overrides[g.id], "source": "override"}
+            price_info[g.id] = {"usd_per_gpu_hour": overrides[g.id], "source": "override",
+                                "basis": "override"}
         else:
-            price_info[g.id] = {"usd_per_gpu_hour": g.price_per_hour,
-                                "source": g.spec.get("price_source"),
-                                "date": g.spec.get("price_date")}
+            pr = g.price(price_basis)
+            price_info[g.id] = {"usd_per_gpu_hour": pr.usd_per_hour, "source": pr.source,
+                                "date": pr.date, "basis": price_basis, "estimate": pr.estimate}
         p = price_info[g.id]["usd_per_gpu_hour"]
         unit_price.append(np.nan if p is None else float(p))
     usd_hour = np.asarray(unit_price)[:, None] * n * np.ones_like(iter_ms)
@@ -382,4 +413,5 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
                                          dtype=dtype, data_parallel=n)
     return SearchResult(model=graph.name, objective=objective, table=table, run=run,
                         gpus_per_node=n, max_memory_fraction=max_memory_fraction,
-                        max_batch_sizes=max_batches, sweep=res, price_info=price_info)
+                        max_batch_sizes=max_batches, sweep=res, price_info=price_info,
+                        price_basis=price_basis)

@@ -284,6 +284,7 @@ table below and <code>search.json</code> hold all {len(result.table)} configurat
 <h2>Largest batch per GPU that fits</h2>
 <table class="narrow"><thead><tr><th>GPU</th><th>batch</th></tr></thead><tbody>{maxb}</tbody></table>
 <h2>Prices (USD per GPU-hour)</h2>
+<p class="note">{html.escape(result.price_basis_text())}</p>
 <table><thead><tr><th>GPU</th><th>$/h</th><th>date</th><th>source</th></tr></thead>
 <tbody>{prices}</tbody></table>
 <h2>How these numbers are made</h2>
@@ -291,7 +292,8 @@ table below and <code>search.json</code> hold all {len(result.table)} configurat
 Memory: a liveness pass over the traced step (parameters, gradients, optimizer state,
 activations saved for backward, temporaries) with the CUDA caching allocator's rounding, plus
 the CUDA context and cuBLAS workspaces (see <code>predictor/memory.py</code>). Prices are
-indicative on-demand rates with the date they were read; override them with
+the GPU database's, on one basis (cloud on-demand list prices unless
+<code>--price-basis marketplace</code>), each with the date it was read; override them with
 <code>--price GPU=USD</code>. Data-parallel configurations assume DDP's gradient buckets
 overlap with the backward pass (see <code>predictor/parallel.py</code>).</p>
 <script type="application/json" id="search-data">{payload}</script>

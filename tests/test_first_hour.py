@@ -112,3 +112,111 @@ def test_factory_callable_is_called_once_per_trace():
 
     g = predictor.trace(build)
     assert len(calls) == 1 and g.batch_size == 8 and g.parameters == 68
+
+
+# ---- prices: bases, estimates, what search ranked by ------------------------
+
+def test_gpu_price_bases():
+    from predictor import hardware
+
+    h100 = hardware.get("H100-SXM5-80GB").price("cloud")
+    assert h100.usd_per_hour == 2.99 and h100.date == "2025-01" and not h100.estimate
+    v32 = hardware.get("V100-PCIE-32GB")
+    assert v32.price_per_hour is None  # no cloud on-demand price: empty, not $0.25
+    m = v32.price("marketplace")
+    assert m.usd_per_hour == 0.25 and m.estimate
+    with pytest.raises(predictor.InvalidArgumentError, match="price basis"):
+        v32.price("spot")
+
+
+def test_gpus_listing_marks_estimates_and_bases(capsys):
+    import json
+
+    assert cli.main(["gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "$/h cloud" in out and "$/h market" in out
+    row = next(line for line in out.splitlines() if "V100-PCIE-32GB" in line)
+    assert "~0.25" in row  # a marketplace estimate, marked
+    row = next(line for line in out.splitlines() if "H200-SXM-141GB" in line)
+    assert "~3.99" in row  # an approximate cloud reading, marked
+    assert "estimates" in out and ".." not in out.split("$/h cloud:")[1]
+    assert cli.main(["gpus", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["V100-PCIE-32GB"]["price_usd_per_hour"] is None
+    assert rows["V100-PCIE-32GB"]["marketplace_estimate"] is True
+    assert rows["T4"]["price_estimate"] is False and rows["T4"]["price_date"] == "2025-01"
+
+
+def test_search_says_which_price_basis_it_ranked_by(conv_factory, capsys):
+    import json
+
+    g = predictor.trace(f"{conv_factory}:build")
+    gpus = ["T4", "V100-PCIE-32GB", "RTX-4090"]
+    cloud = predictor.search(g, objective="cost", gpus=gpus, batch_sizes=[4])
+    assert cloud.price_basis == "cloud" and cloud.best()["gpu"] == "T4"
+    assert "cloud on-demand" in cloud.price_basis_text()
+    assert "no price on this basis: RTX-4090, V100-PCIE-32GB" in cloud.price_basis_text()
+    market = predictor.search(g, objective="cost", gpus=gpus, batch_sizes=[4],
+                              price_basis="marketplace")
+    assert market.best()["gpu"] in ("RTX-4090", "V100-PCIE-32GB")
+    assert market.price_info["T4"]["usd_per_gpu_hour"] is None  # never the cloud price
+    assert "estimates: V100-PCIE-32GB" in market.price_basis_text()
+    assert cli.main(["search", f"{conv_factory}:build", "--objective", "cost", "-b", "4",
+                     "--gpus", ",".join(gpus)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the title wraps at the table's width
+    assert "objective cost (cloud on-demand prices)" in out
+    assert "ranked by cost at cloud on-demand USD per GPU-hour (2025-01)" in out
+    assert "2025-01..2025-01" not in out
+    assert cli.main(["search", f"{conv_factory}:build", "--objective", "cost", "-b", "4",
+                     "--gpus", ",".join(gpus), "--price-basis", "marketplace", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["price_basis"] == "marketplace" and "marketplace" in data["price_basis_text"]
+
+
+# ---- AMD: PyTorch on ROCm's fp32 defaults, one GCD per device ---------------
+
+AMD = ("MI100", "MI210", "MI250", "MI250X", "MI300X")
+
+
+@pytest.mark.parametrize("gid", AMD)
+def test_amd_fp32_conv_and_matmul_run_at_the_fp32_matrix_rate(gid):
+    from predictor import hardware
+    from predictor.engine import model_params
+    from predictor.kernels import layout as L
+    from predictor.kernels.roofline import peak_flops
+
+    g = hardware.get(gid)
+    fp32 = g.spec["fp32_matrix_tflops"] / g.spec.get("dies", 1) * 1e12
+    for tf32 in (None, True):  # the allow_tf32 switches do not turn xf32 on under ROCm
+        params = model_params(tf32_matmul=tf32, tf32_conv=tf32)
+        for family in (L.CONV, L.CONV_WGRAD, L.MATMUL):
+            assert peak_flops(g.features, family, L.F32, params) == pytest.approx(fp32)
+    # bf16 still runs on the matrix cores at the bf16 rate.
+    bf16 = g.spec["bf16_tflops"] / g.spec.get("dies", 1) * 1e12
+    assert peak_flops(g.features, L.MATMUL, L.BF16, model_params()) == pytest.approx(bf16)
+
+
+def test_mi300x_fp32_conv_is_not_priced_at_its_tf32_peak():
+    from predictor import hardware
+    from predictor.engine import model_params
+    from predictor.kernels import layout as L
+    from predictor.kernels.roofline import peak_flops
+
+    mi, h100 = hardware.get("MI300X"), hardware.get("H100-SXM5-80GB")
+    conv = [peak_flops(g.features, L.CONV, L.F32, model_params()) for g in (mi, h100)]
+    assert conv[0] == pytest.approx(163.4e12)        # not 653.7 (xf32)
+    assert conv[1] == pytest.approx(494.7e12)        # cuDNN's TF32 default on the H100
+    assert conv[0] < conv[1]
+
+
+@pytest.mark.parametrize("gid", ["MI250", "MI250X"])
+def test_mi250_is_one_gcd(gid):
+    from predictor import hardware
+
+    g = hardware.get(gid)
+    assert g.memory_gb == 64 and "one GCD" in g.name and "package" in g.name
+    row = hardware.gpus().set_index("id").loc[gid]
+    assert row["memory_gb"] == 64 and row["memory_bw_gbs"] == pytest.approx(1638.4)
+    assert row["sms"] == g.spec["sms"] // 2
+    # The name ROCm gives one GCD resolves to it.
+    assert hardware.get("AMD Instinct MI250X / MI250").id == "MI250"

@@ -35,12 +35,12 @@ REQUIRED_IDS = [
 ]
 
 STR_FIELDS = ["id", "name", "vendor", "architecture", "compute_capability", "memory_type",
-              "interconnect", "price_date", "price_source"]
+              "interconnect"]
 INT_FIELDS = ["sms", "fp32_cores_per_sm", "registers_per_sm", "max_threads_per_sm",
               "max_blocks_per_sm", "max_warps_per_sm", "warp_size", "pcie_gen"]
 NUM_FIELDS = ["boost_clock_mhz", "memory_gb", "memory_bw_gbs", "l2_mb",
               "fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "fp64_tflops",
-              "shared_mem_per_sm_kb", "interconnect_gbs", "tdp_w", "price_usd_per_hour"]
+              "shared_mem_per_sm_kb", "interconnect_gbs", "tdp_w"]
 OPTIONAL_INT_FIELDS = ["dies", "xcds"]
 OPTIONAL_NUM_FIELDS = ["base_clock_mhz", "fp8_tflops", "fp64_tensor_tflops", "fp32_matrix_tflops",
                        "nvlink_bridge_gbs", "infinity_cache_mb"]
@@ -115,7 +115,6 @@ def test_required_fields_and_types(gpu):
 def test_enumerations_and_formats(gpu):
     assert gpu["vendor"] in VENDORS
     assert gpu["architecture"] in ARCHITECTURES
-    assert re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", gpu["price_date"]), gpu["price_date"]
     if gpu["vendor"] == "nvidia":
         assert re.fullmatch(r"\d+\.\d", gpu["compute_capability"]), gpu["compute_capability"]
         assert gpu["warp_size"] == 32
@@ -301,3 +300,46 @@ def test_agrees_with_training_dataset_spec_records():
         assert g["fp32_tflops"] * 1000 == pytest.approx(rec["SingleFLOPs"], rel=0.01), g["id"]
         # Not compared: rec["Freq"] (Tesla_P100-PCIE-16GB.json says 1380 MHz, but its own
         # SingleFLOPs of 9519 implies 1328 MHz) and rec["Dev_Mem"] (usable GiB, not marketed GB).
+
+
+# ---- prices: one basis per column, dated, estimates marked ------------------
+
+PRICE_COLUMNS = {"price": "cloud", "marketplace": "marketplace"}
+# Providers whose own published on-demand rates make the cloud column, and the
+# marketplaces whose hosts set the price.
+CLOUD_PROVIDERS = ("AWS EC2 on-demand", "Azure", "Google Cloud", "Lambda on-demand",
+                   "RunPod GPU pricing page, MI300X secure cloud", "Secure Cloud")
+MARKETPLACES = ("Vast.ai", "community cloud", "community-cloud")
+
+
+@ids
+def test_prices_are_dated_sourced_and_on_one_basis(gpu):
+    for prefix, basis in PRICE_COLUMNS.items():
+        usd, date, src = (gpu.get(f"{prefix}_usd_per_hour"), gpu.get(f"{prefix}_date"),
+                          gpu.get(f"{prefix}_source"))
+        if usd is None:
+            assert date is None and src is None, (prefix, date, src)
+            continue
+        assert _is_num(usd) and 0 < usd < 100
+        assert re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", date), date
+        assert gpu["sources"][f"{prefix}_usd_per_hour"] == src
+        if basis == "cloud":
+            assert any(p in src for p in CLOUD_PROVIDERS), src
+            assert not any(m.lower() in src.lower() for m in MARKETPLACES), src
+            assert "proxy" not in src and "placeholder" not in src, src
+        else:
+            assert any(m.lower() in src.lower() for m in MARKETPLACES), src
+    if gpu.get("price_usd_per_hour") is None and gpu.get("marketplace_usd_per_hour") is None:
+        assert gpu.get("price_note", "").startswith("No price: "), gpu["id"]
+
+
+def test_no_cloud_price_is_a_marketplace_one():
+    # Issue 16: V100-PCIE-32GB was $0.25/h (a Vast.ai estimate) beside $3.06 cloud prices.
+    v = BY_ID["V100-PCIE-32GB"]
+    assert "price_usd_per_hour" not in v and v["marketplace_usd_per_hour"] == 0.25
+    for gid in ("RTX-3090", "RTX-4090", "A30", "RTX-A5000"):
+        assert "price_usd_per_hour" not in BY_ID[gid], gid
+    # Placeholders and proxies are not prices on any basis.
+    for gid in ("MI100", "MI210", "MI250", "MI250X", "P100-SXM2-16GB"):
+        assert "price_usd_per_hour" not in BY_ID[gid] and \
+            "marketplace_usd_per_hour" not in BY_ID[gid], gid

@@ -5,16 +5,33 @@ from __future__ import annotations
 import argparse
 
 from predictor.commands.common import (add_format_arguments, add_spec_argument, console, fmt,
-                                       load_specs)
+                                       load_specs, plural)
 
 NAME = "gpus"
 
 
 def add_parser(sub) -> None:
     g = sub.add_parser(NAME, help="list the GPUs in the spec database",
-                       description="List known GPUs with their main specs.")
+                       description="List known GPUs with their main specs and prices: cloud "
+                                   "on-demand and marketplace USD per GPU-hour, each dated; "
+                                   "'~' marks an estimate, '-' no price known on that basis.")
     add_spec_argument(g)
     add_format_arguments(g, json_help="print JSON")
+
+
+def price_cell(usd, estimate) -> str:
+    """'2.99', '~0.99' for an estimate, '-' when there is no price on the basis."""
+    if usd is None or usd != usd:
+        return "-"
+    return ("~" if estimate is True else "") + f"{usd:,.2f}"
+
+
+def date_span(dates) -> str:
+    """'2025-01', or '2024-06 to 2025-06' when the dates differ; '' for none."""
+    ds = sorted({str(d) for d in dates if isinstance(d, str) and d})
+    if not ds:
+        return ""
+    return ds[0] if len(ds) == 1 else f"{ds[0]} to {ds[-1]}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,14 +47,31 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         print(df.to_csv(index=False), end="")
         return 0
-    table = Table(title=f"{len(df)} GPUs (dense peak TFLOP/s; indicative $/GPU-hour)",
-                  title_justify="left")
+    cloud = date_span(df["price_date"])
+    market = date_span(df["marketplace_date"])
+    table = Table(title=f"{plural(len(df), 'GPU')}, one PyTorch device each (dense peak TFLOP/s; "
+                        "USD per GPU-hour)", title_justify="left")
     cols = [("id", "id"), ("memory_gb", "GB"), ("memory_bw_gbs", "GB/s"),
-            ("fp32_tflops", "fp32"), ("tf32_tflops", "tf32"), ("bf16_tflops", "bf16"),
-            ("price_usd_per_hour", "$/h")]
+            ("fp32_tflops", "fp32"), ("tf32_tflops", "tf32"), ("bf16_tflops", "bf16")]
     for key, label in cols:
         table.add_column(label, justify="left" if key == "id" else "right", no_wrap=True)
+    table.add_column("$/h cloud", justify="right", no_wrap=True)
+    table.add_column("$/h market", justify="right", no_wrap=True)
     for row in df.to_dict(orient="records"):
-        table.add_row(*[fmt(row[k]) for k, _ in cols])
-    console().print(table)
+        table.add_row(*[fmt(row[k]) for k, _ in cols],
+                      price_cell(row["price_usd_per_hour"], row["price_estimate"]),
+                      price_cell(row["marketplace_usd_per_hour"], row["marketplace_estimate"]))
+    out = console()
+    out.print(table)
+    n_est = int((df["price_estimate"] == True).sum()  # noqa: E712 - None for no price
+                + (df["marketplace_estimate"] == True).sum())  # noqa: E712
+    out.print(
+        f"$/h cloud: cloud on-demand list prices{f' ({cloud})' if cloud else ''}; $/h market: "
+        f"marketplace hosts{f' ({market})' if market else ''}. ~ marks "
+        f"{plural(n_est, 'estimate')} (not read from a live listing); - no price known on that "
+        "basis. Sources: --json or specs/gpus.toml. `predictor search --objective cost` ranks "
+        "by the cloud column (--price-basis marketplace for the other)."
+        + ("\nAMD: the tf32 column is the datasheet's; PyTorch on ROCm uses no TF32/xf32 for fp32 "
+           "convolutions and matmuls by default, so they are predicted at the fp32 matrix rate."
+           if (df["vendor"] == "amd").any() else ""), style="dim")
     return 0

@@ -66,6 +66,10 @@ def add_parser(sub) -> None:
     p.add_argument("--price", action="append", default=[], metavar="GPU=USD|FILE",
                    help="override a GPU's price in USD per GPU-hour (repeatable), or read "
                         "prices from a TOML/JSON file of GPU = USD")
+    p.add_argument("--price-basis", default="cloud", choices=["cloud", "marketplace"],
+                   help="which prices of the GPU database to use: cloud on-demand list prices "
+                        "(default) or marketplace hosts' (RunPod Community, Vast.ai); a GPU "
+                        "without a price on that basis has none (see `predictor gpus`)")
     p.add_argument("--gpus-per-node", type=positive_int, default=1, metavar="N",
                    help="train data-parallel (DDP) on N GPUs of each type; batch sizes are "
                         "per GPU (default 1)")
@@ -134,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                     constraints=constraints, prices=prices, samples=args.samples,
                     epochs=args.epochs, iterations=args.iterations,
                     gpus_per_node=args.gpus_per_node, dtype=args.dtype,
-                    tf32_matmul=args.tf32 or None)
+                    tf32_matmul=args.tf32 or None, price_basis=args.price_basis)
     report = None
     if args.report:
         from predictor.report import write_report
@@ -163,8 +167,10 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
     df = result.to_pandas() if show_all else result.fitting()
     shown = df.head(top)
     n = result.gpus_per_node
-    title = (f"{graph.name} · {graph.mode} · objective {result.objective} · "
-             f"{result.run.describe()}" + (f" · {n} GPUs per node (DDP)" if n > 1 else ""))
+    basis = {"cloud": "cloud on-demand", "marketplace": "marketplace"}[result.price_basis]
+    title = (f"{graph.name} · {graph.mode} · objective {result.objective}"
+             + (f" ({basis} prices)" if result.objective == "cost" else "")
+             + f" · {result.run.describe()}" + (f" · {n} GPUs per node (DDP)" if n > 1 else ""))
     table = Table(title=title, title_justify="left")
     cols = [("#", "rank"), ("GPU", "gpu"), ("batch/GPU", "batch_size"),
             ("iter ms", "iteration_ms"), ("samples/s", "samples_per_s"),
@@ -209,12 +215,9 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
     if gpus_shown:
         note.append("largest batch per GPU that fits: " + ", ".join(
             f"{g} {result.max_batch_sizes.get(g)}" for g in gpus_shown))
-    overridden = [g for g, p in result.price_info.items() if p.get("source") == "override"]
-    dates = sorted({str(p.get("date")) for p in result.price_info.values() if p.get("date")})
-    note.append("prices: indicative on-demand USD per GPU-hour from the spec database"
-                + (f" ({dates[0]}..{dates[-1]})" if dates else "")
-                + (f"; overridden: {', '.join(overridden)}" if overridden else "")
-                + "; --price GPU=USD overrides")
+    note.append(("ranked by cost at " if result.objective == "cost" else "prices: ")
+                + result.price_basis_text()
+                + "; --price-basis cloud|marketplace chooses, --price GPU=USD overrides")
     if result.best() is None:
         note.append("nothing fits: try smaller batch sizes, --dtype bfloat16, or more GPUs")
     if report is not None:
