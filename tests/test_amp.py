@@ -1,0 +1,166 @@
+"""Mixed precision: tracing under CUDA's autocast policy and pricing tensor cores."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import predictor
+from predictor.errors import InvalidArgumentError
+from predictor.frontend import autocast
+from predictor.kernels import layout as L
+from predictor.kernels import precision
+from predictor.kernels.roofline import default_params
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+        self.head = torch.nn.Linear(d, 10)
+
+    def forward(self, x):
+        h = self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+        return torch.log_softmax(self.head(h), dim=-1)
+
+
+def _trace(amp, d=64, **kw):
+    return predictor.trace(Block(d), (torch.zeros(8, d),), amp=amp,
+                           loss_fn=lambda out: out.mean(), **kw)
+
+
+def _rows(graph, family):
+    ops = graph.ops
+    return [(int(d), int(p), int(c)) for f, d, p, c in zip(ops.family, ops.dtype, ops.phase,
+                                                             ops.count) if f == family]
+
+
+def test_policy_covers_every_cuda_autocast_op():
+    # Every aten op CUDA autocast has a kernel for has a rule here: a torch
+    # release that adds one fails this test instead of tracing it wrongly.
+    cuda = {n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+            if n.startswith("aten::")
+            and torch._C._dispatch_has_kernel_for_dispatch_key(n, "AutocastCUDA")}
+    missing = cuda - set(autocast.policy())
+    assert not missing, sorted(missing)
+
+
+def test_trace_follows_cuda_policy():
+    g = _trace("bf16")
+    assert g.amp == "bf16"
+    # Matmuls in bf16 (forward and backward), layer norm and log_softmax in fp32.
+    assert {d for d, _, _ in _rows(g, L.MATMUL)} == {L.BF16}
+    assert {d for d, _, _ in _rows(g, L.LAYER_NORM)} == {L.F32}
+    sm = _rows(g, L.SOFTMAX)
+    assert sm and all(d in (L.BF16, L.F32) for d, _, _ in sm)
+    # The optimizer updates fp32 master weights.
+    assert {d for d, _, _ in _rows(g, L.OPTIMIZER)} == {L.F32}
+    # Casts are kernels: each of the 6 matmul weights and biases cast once per step
+    # (the weight-cast cache), plus activations and the gradients cast back.
+    fwd_casts = sum(c for d, p, c in _rows(g, L.COPY) if d == L.F32 and p == L.FORWARD)
+    assert fwd_casts >= 6
+    assert not g.unsupported
+
+
+def test_fp16_adds_grad_scaler_kernels():
+    g16 = _trace("fp16")
+    g = _trace("bf16")
+    assert not g16.unsupported
+    opt16 = sum(c for _, p, c in _rows(g16, L.OPTIMIZER) if p == L.OPTIMIZER_PHASE)
+    opt = sum(c for _, p, c in _rows(g, L.OPTIMIZER) if p == L.OPTIMIZER_PHASE)
+    assert opt16 >= opt + 2  # unscale (foreach) + update_scale
+
+
+def test_registrations_are_removed_after_the_trace():
+    _trace("bf16")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::softmax.int", "AutocastCPU")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.nn.functional.layer_norm(torch.zeros(2, 4).bfloat16(), (4,))
+    assert y.dtype == torch.bfloat16  # CPU autocast's own policy again
+
+
+def test_amp_names_and_errors():
+    assert autocast.check("BF16") == "bf16" and autocast.check("float16") == "fp16"
+    assert autocast.check(None) is None and autocast.check("none") is None
+    with pytest.raises(InvalidArgumentError, match="unknown amp"):
+        autocast.check("fp8")
+    with pytest.raises(InvalidArgumentError, match="ONNX"):
+        predictor.trace("model.onnx", amp="bf16")
+
+
+def test_amp_faster_than_fp32_on_tensor_core_gpus_and_saved():
+    # Big enough that the kernels, not the host's dispatch of the casts, set the time.
+    g32, g = _trace(None, d=2048, batch_size=8192), _trace("bf16", d=2048, batch_size=8192)
+    for gpu in ("A100-SXM4-80GB", "H100-SXM5-80GB"):
+        assert predictor.predict(g, gpu).iteration_ms < predictor.predict(g32, gpu).iteration_ms
+    with pytest.raises(InvalidArgumentError, match="amp"):
+        predictor.predict(g, "A100-SXM4-80GB", dtype="float16")
+    with pytest.warns(UserWarning, match="V100"):
+        p = predictor.predict(g, "V100-SXM2-32GB")
+    assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
+
+
+def test_saved_graph_keeps_amp(tmp_path):
+    g = _trace("fp16")
+    path = g.save(tmp_path / "g.npz")
+    assert predictor.Graph.load(path).amp == "fp16"
+
+
+def _gpu(name):
+    from predictor import hardware
+
+    return hardware.get(name).features
+
+
+def _gemm(m, n, k):
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    d[:5] = (1, m, n, k, L.GEMM_B_T)
+    return d
+
+
+def test_tensor_core_time_physics():
+    p = default_params()
+    a100 = _gpu("A100-SXM4-80GB")
+    t = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(8192, 8192, 8192), a100, p)
+    # Never faster than the achievable fraction of the bf16 peak allows.
+    ideal = 2 * 8192 ** 3 / (a100[L.G_BF16_TFLOPS] * 1e12) * 1e6
+    assert ideal / 0.83 <= t < ideal / 0.83 * 1.2
+    # The alignment rule: one element off a multiple of 8 costs the fallback kernel.
+    t_odd = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(8192, 8191, 8192), a100, p)
+    assert t_odd > 1.5 * t
+    # Tile quantisation: 129 rows take two row tiles, like 256.
+    t129 = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(129, 8192, 8192), a100, p)
+    t256 = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(256, 8192, 8192), a100, p)
+    assert t129 == pytest.approx(t256)
+
+
+def test_which_rows_use_tensor_cores():
+    p = default_params()
+    for gpu, dtype, expect in (("V100-SXM2-32GB", L.F16, precision.TENSOR_CORE),
+                               ("V100-SXM2-32GB", L.BF16, precision.AS_FP32),
+                               ("T4", L.BF16, precision.AS_FP32),
+                               ("P100-PCIE-16GB", L.F16, precision.AS_IS),
+                               ("A10G", L.F16, precision.TENSOR_CORE),
+                               ("A100-SXM4-80GB", L.BF16, precision.TENSOR_CORE),
+                               ("A100-SXM4-80GB", L.F32, precision.AS_IS)):
+        assert precision.mode_of(L.MATMUL, dtype, _gpu(gpu), p) == expect, (gpu, dtype)
+    p[precision.P_TF32_MATMUL] = 1.0
+    assert precision.mode_of(L.MATMUL, L.F32, _gpu("A100-SXM4-80GB"), p) == precision.TENSOR_CORE
+    assert precision.mode_of(L.MATMUL, L.F32, _gpu("V100-SXM2-32GB"), p) == precision.AS_IS
+    # Half-precision memory-bound rows: the fp32 model at the same bytes.
+    d = np.array([1000, 1000, 1000, 10, 100, 0, 0, 0, 0, 0, 0, 0], dtype=np.int64)
+    out = np.empty_like(d)
+    precision.fp32_dims(L.ELEMENTWISE, L.BF16, d, out)
+    assert list(out[:5]) == [500, 500, 500, 10, 50]
+
+
+def test_tf32_matmul_switch_speeds_up_fp32_matmuls():
+    g = _trace(None, d=2048, batch_size=8192)
+    off = predictor.predict(g, "A100-SXM4-80GB")
+    on = predictor.predict(g, "A100-SXM4-80GB", tf32_matmul=True)
+    assert on.iteration_ms < off.iteration_ms
