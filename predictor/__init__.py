@@ -24,7 +24,7 @@ __all__ = [
     "trace", "predict", "sweep", "gpus", "load_specs", "Graph", "Prediction", "SweepResult",
     "PredictorError", "UnknownGPUError", "UnknownModelError", "SpecError", "TraceError",
     "InvalidArgumentError", "__version__", "calibrate", "load_calibration", "search",
-    "predict_op", "Space", "explore",
+    "predict_op", "Parallel", "search_layouts", "Space", "explore",
 ]
 
 
@@ -42,6 +42,9 @@ def __getattr__(name: str):
     if name in ("calibrate", "load_calibration"):
         from predictor.calibration import calibrate as _c
         return getattr(_c, name)
+    if name in ("Parallel", "search_layouts"):
+        from predictor import layouts
+        return getattr(layouts, name)
     if name == "search":
         from predictor.design_search import search
         return search

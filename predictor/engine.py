@@ -171,9 +171,31 @@ def _memory(graph: Graph, chosen, batches: np.ndarray, code: int | None,
 def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None = None,
             dtype=None, tf32_matmul: bool | None = None,
             tf32_conv: bool | None = None, calibration=None,
-            max_memory_fraction: float = memmodel.DEFAULT_MAX_MEMORY_FRACTION) -> Prediction:
+            max_memory_fraction: float = memmodel.DEFAULT_MAX_MEMORY_FRACTION,
+            parallel=None, checkpoint: str | None = None) -> Prediction:
     """Predicted time of one iteration of `graph` on `gpu` at `batch_size`
-    (with `calibration`: measured op times scaled to `gpu`; see `sweep`)."""
+    (with `calibration`: measured op times scaled to `gpu`; see `sweep`).
+
+    parallel: a ``predictor.Parallel`` layout (tensor / pipeline / data
+        parallelism, ZeRO) and checkpoint: None, "full" or "selective"
+        activation recomputation; `batch_size` is then the micro-batch per GPU
+        and the result a ``ParallelPrediction`` (``predictor.layouts``). With
+        neither, the single-GPU prediction, unchanged."""
+    if parallel is not None or checkpoint is not None:
+        from predictor import layouts
+        layouts.check_checkpoint(checkpoint)
+        par = parallel if parallel is not None else layouts.Parallel()
+        if not isinstance(par, layouts.Parallel):
+            raise InvalidArgumentError(
+                f"parallel must be a predictor.Parallel, got {type(par).__name__}")
+        if not (par.trivial and checkpoint is None):
+            if calibration is not None:
+                raise InvalidArgumentError("parallel layouts and recomputation are predicted "
+                                           "in pure mode only (no calibration=)")
+            return layouts.predict_parallel(
+                graph, hardware.get(gpu), graph.check_batch(batch_size), par, checkpoint,
+                dtype=dtype, tf32=(tf32_matmul, tf32_conv),
+                max_memory_fraction=memmodel.check_fraction(max_memory_fraction))
     if calibration is not None:
         g = calibrated.resolve_targets(calibration, [gpu], hardware.database())[0]
     else:

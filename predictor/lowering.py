@@ -22,7 +22,7 @@ import torch.fx
 from predictor import dtypes, families
 from predictor.families import TensorMeta
 from predictor.kernels import layout as L
-from predictor.optable import OpTable
+from predictor.optable import OpTable, _empty_gemm
 
 
 @dataclass
@@ -33,6 +33,8 @@ class Lowered:
     # aten ops the host dispatches per phase, views and other kernel-free ops
     # included: each costs CPU time even when it launches nothing.
     host_ops: list[int] = field(default_factory=lambda: [0] * len(L.PHASE_NAMES))
+    # node index -> the table rows its kernels went to (-1: a row dropped as empty)
+    node_rows: dict[int, list[int]] = field(default_factory=dict)
 
 
 class BatchScaler:
@@ -139,6 +141,7 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
     op_index: dict[str, int] = {}
     unsupported: dict[str, int] = {}
     host_ops = [0] * len(L.PHASE_NAMES)
+    node_keys: dict[int, list[tuple]] = {}
     scalable = True
 
     for idx, node in enumerate(gm.graph.nodes):
@@ -168,12 +171,17 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
             op_index[name] = len(op_names)
             op_names.append(name)
         dt = _row_dtype(node)
+        keys = node_keys.setdefault(idx, [])
         for fam, base, slope, kern in extracted:
             row_key = (fam, phase, dt, kern, base, slope, op_index[name])
             rows[row_key] = rows.get(row_key, 0) + 1
+            keys.append(row_key)
 
     table = OpTable.from_rows(rows, op_names, where="traced graph")
-    return Lowered(table, unsupported, scalable, host_ops)
+    kept = [k for k in rows if not _empty_gemm(k)]
+    where = {k: i for i, k in enumerate(kept)}
+    node_rows = {idx: [where.get(k, -1) for k in ks] for idx, ks in node_keys.items()}
+    return Lowered(table, unsupported, scalable, host_ops, node_rows)
 
 
 def _extract(op, node, at: tuple[BatchScaler, BatchScaler, BatchScaler], at_sentinel: BatchScaler,

@@ -201,6 +201,43 @@ class MemoryProfile:
 
 
 @dataclass
+class LayoutProfile:
+    """What tensor parallelism, pipeline stages and recomputation do to a
+    traced step (``predictor.frontend.layout_pass``): every OpTable row split by
+    block group (0: before the blocks, 1..n_blocks, n_blocks+1: after; -1: the
+    optimizer) with the TP-sharded part of its dims, the all-reduce points,
+    the parameters' groups and sharding, and the group and flags of every
+    memory-profile storage. ``predictor.layouts`` evaluates it."""
+
+    n_blocks: int
+    block_names: list[str]
+    split_row: np.ndarray      # int64[m] OpTable row
+    split_group: np.ndarray    # int64[m]
+    split_count: np.ndarray    # int64[m] executions of the row in this split
+    split_flags: np.ndarray    # int64[m] 1: TP-sharded, 2: attention core (score-shaped)
+    split_sbase: np.ndarray    # int64[m, MAX_DIMS] sharded part of the dims (base)
+    split_sslope: np.ndarray   # int64[m, MAX_DIMS] sharded part of the dims (slope)
+    comm_phase: np.ndarray     # int64[c] all-reduce points (TP): phase
+    comm_group: np.ndarray     # int64[c] block group
+    comm_base: np.ndarray      # int64[c] elements at batch b: base + slope * b
+    comm_slope: np.ndarray     # int64[c]
+    comm_dtype: np.ndarray     # int64[c]
+    param_numel: np.ndarray    # int64[p]
+    param_group: np.ndarray    # int64[p]
+    param_sharded: np.ndarray  # int64[p] 1: divided over the TP group
+    param_trainable: np.ndarray  # int64[p]
+    boundary_base: int = 0     # elements passed from one block to the next (base)
+    boundary_slope: int = 0
+    act_group: np.ndarray | None = None   # int64[storages] group of the op that allocated it
+    act_flags: np.ndarray | None = None   # int64[storages] SHARDED / ATTENTION_CORE bits
+    column_parallel: list[str] = field(default_factory=list)
+    row_parallel: list[str] = field(default_factory=list)
+    vocab_parallel: list[str] = field(default_factory=list)
+    unsharded_linears: list[str] = field(default_factory=list)
+    kept_whole: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Graph:
     """A traced training (or inference) step, ready to be evaluated anywhere."""
 
@@ -223,6 +260,9 @@ class Graph:
     # Storages of the step with their liveness (predictor.frontend.memory_pass);
     # None when the frontend did not run the memory pass.
     memory: MemoryProfile | None = field(default=None, repr=False)
+    # Blocks, TP sharding and recomputation of the step (predictor.frontend.layout_pass);
+    # None: not analysed (inference, ONNX, graphs saved before it existed).
+    layout: LayoutProfile | None = field(default=None, repr=False)
     # Mixed precision the step was traced under ("bf16", "fp16"; None: none),
     # predictor.frontend.autocast.
     amp: str | None = None

@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
-from predictor.frontend import autocast, memory_pass, optimizers
+from predictor.frontend import autocast, layout_pass, memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
 from predictor.limits import check_batch_size, check_seq_len
 from predictor.lowering import lower
@@ -342,6 +342,9 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
             gm = make_fx(step, tracing_mode="real")(params, buffers, opt_state, inputs)
     finally:
         module.train(was_training)
+    # The parameters' names in placeholder order, for the layout pass.
+    gm.meta["param_names"] = list(params)
+    gm.meta["trainable"] = set(trainable)
     n_params = sum(p.numel() for p in params.values())
     n_train = sum(params[k].numel() for k in trainable) if mode == "train" else 0
     n_bytes = sum(p.numel() * p.element_size() for p in params.values())
@@ -419,6 +422,10 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__,
         host_ops=list(lowered.host_ops),
         memory=mem, amp=amp)
+    if mode == "train":
+        graph.layout = layout_pass.analyse(
+            gm, marks, sentinel, spec.batch_size, lowered.node_rows, lowered.table,
+            gm.meta.get("param_names", ()), seq, mem)
     # How to build and feed the model for real (calibration runs the real step);
     # an attribute, not a field: callables are not saved with the graph.
     graph.source = spec
