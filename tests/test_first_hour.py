@@ -220,3 +220,50 @@ def test_mi250_is_one_gcd(gid):
     assert row["sms"] == g.spec["sms"] // 2
     # The name ROCm gives one GCD resolves to it.
     assert hardware.get("AMD Instinct MI250X / MI250").id == "MI250"
+
+
+# ---- ONNX: batch norm folded at export --------------------------------------
+
+def _small_cnn():
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(8 * 12 * 12, 10))
+
+
+def _export(model, path, training: bool) -> str:
+    import warnings
+
+    import torch
+
+    pytest.importorskip("onnx")
+    model.train(training)
+    kwargs = dict(dynamo=False, input_names=["x"], output_names=["y"],
+                  dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    if training:
+        kwargs["training"] = torch.onnx.TrainingMode.TRAINING
+        kwargs["do_constant_folding"] = False
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(model, (torch.randn(2, 3, 16, 16),), str(path), **kwargs)
+        except Exception as exc:  # noqa: BLE001 - an exporter this torch lacks
+            pytest.skip(f"torch.onnx.export unavailable here: {exc}")
+    return str(path)
+
+
+def test_onnx_with_batch_norm_folded_says_so(tmp_path, capsys):
+    folded = _export(_small_cnn(), tmp_path / "eval.onnx", training=False)
+    kept = _export(_small_cnn(), tmp_path / "train.onnx", training=True)
+    g_folded, g_kept = predictor.trace(folded), predictor.trace(kept)
+    assert len(g_folded.notes) == 1 and "batch norm" in g_folded.notes[0]
+    assert "dynamo=False, training=torch.onnx.TrainingMode.TRAINING" in g_folded.notes[0]
+    assert "batch_norm" in " ".join(g_kept.ops.op_names) and g_kept.notes == []
+    # Inference needs no batch norm statistics: nothing to say.
+    assert predictor.trace(folded, mode="inference").notes == []
+    assert cli.main(["predict", folded, "--gpus", "T4", "-b", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "batch norm is folded" in " ".join(out.split())
+    assert cli.main(["predict", folded, "--gpus", "T4", "-b", "8", "--csv"]) == 0
+    assert "batch norm is folded" in capsys.readouterr().err

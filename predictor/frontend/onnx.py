@@ -514,7 +514,33 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
         batch_scalable=scalable and sentinel is not None,
         trace_seconds=time.perf_counter() - start, torch_version=torch.__version__)
     _set_host_ops(graph, lowered)
-    return check_graph(graph, str(p))  # what the kernels can take, or a clear error
+    graph = check_graph(graph, str(p))  # what the kernels can take, or a clear error
+    # One-line notes the CLI prints (as the fx frontend's graph.notes).
+    graph.notes = [n for n in (folded_norm_note(nodes) if mode == "train" else None,) if n]
+    return graph
+
+
+# Normalisation ops an exporter writes (ai.onnx and com.microsoft's fused ones).
+NORM_OPS = {"BatchNormalization", "LayerNormalization", "InstanceNormalization",
+            "GroupNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+            "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LpNormalization",
+            "MeanVarianceNormalization"}
+
+
+def folded_norm_note(nodes: list[onnx.NodeProto]) -> str | None:
+    """A note when a graph looks exported with batch norm folded into its
+    convolutions (eval mode, or the dynamo exporter): at least two
+    convolutions, every one with a bias, and no normalisation op. A training
+    prediction of such a file leaves batch norm out."""
+    convs = [n for n in nodes if n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx")]
+    if len(convs) < 2 or any(n.op_type in NORM_OPS for n in nodes):
+        return None
+    if not all(len(n.input) > 2 and n.input[2] for n in convs):
+        return None
+    return (f"no normalisation op, and all {len(convs)} convolutions have a bias, as when batch "
+            "norm is folded into them at export (eval mode, or the dynamo exporter): if the model "
+            "trains with batch norm, this training prediction leaves it out; export with "
+            "torch.onnx.export(..., dynamo=False, training=torch.onnx.TrainingMode.TRAINING)")
 
 
 def _set_host_ops(graph: Graph, lowered: _Lowered) -> None:
