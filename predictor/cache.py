@@ -12,11 +12,15 @@ key is a hash of everything the graph depends on
   a model into a Graph (frontend, lowering, op-family registry, OpTable and
   memory pass, layout codes),
 
-so any change to any of them is a different file, never a wrong hit. Files are
-written atomically (``Graph.save``: temp file, fsync, ``os.replace``); a file
-that does not load is treated as a miss and traced again.
+so any change to any of them is a different file, never a wrong hit. The key
+is also stored inside the entry and checked on load: a file of another key (a
+copy, a rename, a planted graph of another model) is a miss, never another
+model's graph. Files are written atomically (``save_graph``: temp file, fsync,
+``os.replace``) into a folder created 0700; a file that does not load, or holds
+another key, is a miss with a one-line warning and is traced again.
 
-Location: ``$PREDICTOR_CACHE_DIR`` or ``~/.cache/dnn-predictor/graphs``.
+Location: ``$PREDICTOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/dnn-predictor/graphs``,
+else ``~/.cache/dnn-predictor/graphs``.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from typing import Any, Callable
 
 from predictor import __version__
 from predictor.errors import InvalidArgumentError, PredictorError
-from predictor.optable import Graph
+from predictor.optable import load_graph_meta, save_graph
 
 ENV_DIR = "PREDICTOR_CACHE_DIR"
 DEFAULT_DIR = Path("~/.cache/dnn-predictor/graphs")
+# The header field of a cache entry that holds its key.
+KEY_FIELD = "cache_key"
 
 # Every module whose code decides what a traced Graph contains.
 GRAPH_SOURCES = (
@@ -55,8 +61,15 @@ GRAPH_LIBRARIES = ("torch", "transformers", "torchvision")
 
 
 def cache_dir() -> Path:
-    """The cache folder (not created until something is stored)."""
-    return Path(os.environ.get(ENV_DIR) or DEFAULT_DIR).expanduser()
+    """The cache folder (not created until something is stored):
+    $PREDICTOR_CACHE_DIR, else $XDG_CACHE_HOME/dnn-predictor/graphs, else
+    ~/.cache/dnn-predictor/graphs."""
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec ignores a relative path
+        return Path(xdg) / "dnn-predictor" / "graphs"
+    return DEFAULT_DIR.expanduser()
 
 
 def _module_source(name: str) -> bytes:
@@ -129,14 +142,28 @@ def _file(key: str, name: str, directory: str | Path | None) -> Path:
 
 
 def load(key: str, name: str = "graph", directory: str | Path | None = None):
-    """The cached Graph for `key`, or None (absent or unreadable)."""
+    """The cached Graph for `key`, or None (absent, unreadable, or an entry of
+    another key: a one-line warning for those two)."""
     path = _file(key, name, directory)
     if not path.is_file():
         return None
     try:
-        return Graph.load(path)
-    except (PredictorError, OSError):
-        return None  # unreadable or from another format: trace again
+        graph, meta = load_graph_meta(path)
+    except (PredictorError, OSError) as exc:  # unreadable or another format: trace again
+        _warn(f"graph cache: {path.name} not used ({exc})")
+        return None
+    if meta.get(KEY_FIELD) != key:
+        what = "holds no key (an older version's entry)" if KEY_FIELD not in meta else \
+            f"holds another key's graph ({graph.name})"
+        _warn(f"graph cache: {path.name} {what}; traced again")
+        return None
+    return graph
+
+
+def _warn(message: str) -> None:
+    from predictor.text import printable
+
+    warnings.warn(printable(message, 500), RuntimeWarning, stacklevel=3)
 
 
 def store(key: str, graph, name: str | None = None,
@@ -144,7 +171,8 @@ def store(key: str, graph, name: str | None = None,
     """Write `graph` under `key` (atomically); None when it cannot be saved."""
     path = _file(key, name or graph.name, directory)
     try:
-        return graph.save(path)
+        os.makedirs(path.parent, mode=0o700, exist_ok=True)
+        return save_graph(graph, path, {KEY_FIELD: key})
     except (PredictorError, OSError) as exc:
         warnings.warn(f"graph cache: not stored ({exc})", RuntimeWarning, stacklevel=2)
         return None

@@ -364,11 +364,15 @@ GRAPH_FORMAT = 1
 MAX_GRAPH_FILE_BYTES = 1 << 31
 
 
-def save_graph(graph: Graph, path: str | Path) -> Path:
+def save_graph(graph: Graph, path: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
+    """Write `graph` (and `meta`, JSON-able facts about the file such as a
+    cache key, read back by ``load_graph_meta``) atomically."""
     arrays: dict[str, np.ndarray] = {}
+    head: dict[str, Any] = {"format": GRAPH_FORMAT}
+    if meta:
+        head["meta"] = dict(meta)
     try:
-        text = json.dumps({"format": GRAPH_FORMAT, "graph": _encode(graph, "g", arrays)},
-                          sort_keys=True)
+        text = json.dumps({**head, "graph": _encode(graph, "g", arrays)}, sort_keys=True)
     except TypeError as exc:
         raise InvalidArgumentError(f"cannot save {graph.name}: {exc}") from exc
     arrays["header"] = np.frombuffer(text.encode(), dtype=np.uint8)
@@ -378,6 +382,11 @@ def save_graph(graph: Graph, path: str | Path) -> Path:
 
 
 def load_graph(path: str | Path) -> Graph:
+    return load_graph_meta(path)[0]
+
+
+def load_graph_meta(path: str | Path) -> tuple[Graph, dict]:
+    """(graph, meta) of a saved graph: `meta` as ``save_graph`` wrote it ({} if none)."""
     path = Path(path)
     # A regular file of bounded size (not a FIFO, /dev/zero or a link to one).
     data = io.BytesIO(read_regular(path, MAX_GRAPH_FILE_BYTES, "saved graph",
@@ -406,10 +415,14 @@ def load_graph(path: str | Path) -> Graph:
         graph = _decode(header["graph"], arrays)
         if not isinstance(graph, Graph):
             raise ValueError("no graph in the file")
+        meta = header.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ValueError("meta is not a table")
     except (KeyError, TypeError, ValueError, AttributeError, ImportError,
             UnicodeDecodeError, RecursionError) as exc:
         raise FileFormatError(f"{path} is not a saved graph ({exc})") from None
-    return check_graph(graph, f"{path} (saved graph)")  # codes and sizes the kernels can take
+    # codes and sizes the kernels can take
+    return check_graph(graph, f"{path} (saved graph)"), meta
 
 
 def _encode(value, key: str, arrays: dict):

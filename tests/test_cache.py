@@ -115,3 +115,46 @@ def test_zoo_identity_names_the_model():
     a, b = cache.zoo_identity("resnet50"), cache.zoo_identity("ResNet-50")
     assert a == b and a["zoo"] == "resnet50"
     assert cache.zoo_identity("gpt2") != a
+
+
+# ---- hostile inputs (issue 19, F9) ----------------------------------------------
+
+def test_cache_dir_honours_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.delenv(cache.ENV_DIR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "dnn-predictor" / "graphs"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # ignored, as the XDG spec says
+    assert cache.cache_dir().parts[-3:] == (".cache", "dnn-predictor", "graphs")
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "c"))  # the predictor's own wins
+    assert cache.cache_dir() == tmp_path / "c"
+
+
+def test_cache_folder_is_private(monkeypatch, tmp_path):
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "c"))
+    cache.cached_trace("m", toy_graph, name="toy", **KW)
+    assert (tmp_path / "c").stat().st_mode & 0o777 == 0o700
+
+
+def test_an_entry_of_another_key_is_never_used(tmp_path):
+    """A valid graph of another model under a key (resnet50 came back as
+    dcgan): the key is stored in the entry and checked."""
+    key = cache.graph_key("resnet50", **KW)
+    other = cache.graph_key("dcgan", **KW)
+    cache.store(other, toy_graph("dcgan"), "toy", tmp_path)
+    (planted,) = tmp_path.iterdir()
+    planted.rename(cache._file(key, "toy", tmp_path))
+    with pytest.warns(RuntimeWarning, match="another key"):
+        assert cache.load(key, "toy", tmp_path) is None
+    g, hit = cache.cached_trace("resnet50", lambda: toy_graph("resnet50"), name="toy",
+                                directory=tmp_path, **KW)
+    assert not hit and g.name == "resnet50"
+    g, hit = cache.cached_trace("resnet50", lambda: toy_graph("wrong"), name="toy",
+                                directory=tmp_path, **KW)
+    assert hit and g.name == "resnet50"
+
+
+def test_an_entry_without_a_key_is_a_miss(tmp_path):
+    key = cache.graph_key("m", **KW)
+    toy_graph().save(cache._file(key, "toy", tmp_path))  # a plain saved graph: no key
+    with pytest.warns(RuntimeWarning, match="no key"):
+        assert cache.load(key, "toy", tmp_path) is None
