@@ -158,9 +158,82 @@ def trace_from_args(args: argparse.Namespace):
     optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
     from predictor.io import markup_safe
 
-    with console(stderr=True).status(f"tracing {markup_safe(args.model)} ...", spinner="dots"):
+    first_compile_notice()
+    with progress(f"tracing {markup_safe(args.model)} ..."):
         return predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                                optimizer=optimizer, mode=mode, amp=getattr(args, "amp", None))
+
+
+# ---- first-run notices and progress ------------------------------------------
+
+# How long before work without a terminal spinner gets a progress line (s).
+PROGRESS_AFTER_S = 2.0
+
+
+def progress(message: str, after: float = PROGRESS_AFTER_S):
+    """A spinner on stderr when it is a terminal; otherwise (a log file, CI)
+    one line ``predictor: <message>`` on stderr if the work is still running
+    after `after` seconds, so that a long trace is never silent."""
+    import contextlib
+    import sys
+    import threading
+
+    err = console(stderr=True)
+    if err.is_terminal:
+        return err.status(message, spinner="dots")
+
+    @contextlib.contextmanager
+    def line():
+        done = threading.Event()
+
+        def say():
+            if not done.wait(after):
+                print(f"predictor: {message}", file=sys.stderr, flush=True)
+
+        t = threading.Thread(target=say, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+            t.join()
+
+    return line()
+
+
+def kernels_cached() -> bool:
+    """Whether the numba kernels of this version were compiled into the on-disk
+    cache by an earlier run (``predictor.kernels``' cache folder, or the
+    user's ``NUMBA_CACHE_DIR``)."""
+    import os
+    from pathlib import Path
+
+    from predictor import kernels
+
+    user = os.environ.get("NUMBA_CACHE_DIR")
+    try:
+        if user:
+            return any(Path(user).rglob("grid.evaluate_grid-*.nbi"))
+        return any(kernels.default_dir().glob("grid.evaluate_grid-*.nbi"))
+    except OSError:
+        return False
+
+
+_compile_noticed = False
+
+
+def first_compile_notice() -> None:
+    """One line on stderr, once per process, when the kernels have not been
+    compiled yet: the first run compiles them (about 20 s of CPU time,
+    measured on this project's 2-core CI box), later runs load them."""
+    global _compile_noticed
+    if _compile_noticed or kernels_cached():
+        return
+    _compile_noticed = True
+    import sys
+
+    print("predictor: first run: compiling the numba kernels (about 20 s of CPU time, once; "
+          "later runs load them from the cache)", file=sys.stderr, flush=True)
 
 
 def load_graph(args: argparse.Namespace):
@@ -177,6 +250,7 @@ def load_graph(args: argparse.Namespace):
         if traced_as:
             raise InvalidArgumentError(f"{', '.join(traced_as)} cannot change a saved graph "
                                        f"({args.model}); trace the model again with them")
+        first_compile_notice()
         return Graph.load(args.model)
 
     args.batch_size = None
