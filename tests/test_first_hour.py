@@ -267,3 +267,45 @@ def test_onnx_with_batch_norm_folded_says_so(tmp_path, capsys):
     assert "batch norm is folded" in " ".join(out.split())
     assert cli.main(["predict", folded, "--gpus", "T4", "-b", "8", "--csv"]) == 0
     assert "batch norm is folded" in capsys.readouterr().err
+
+
+# ---- first run: the kernels' compile notice, progress without a terminal ----
+
+def test_kernels_cached_looks_for_the_compiled_grid(tmp_path, monkeypatch):
+    from predictor.commands import common
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert not common.kernels_cached()
+    (tmp_path / "kernels_x").mkdir()
+    (tmp_path / "kernels_x" / "grid.evaluate_grid-176.py311.nbi").write_bytes(b"")
+    assert common.kernels_cached()
+
+
+def test_first_compile_notice_is_one_line_once(conv_factory, capsys, monkeypatch):
+    from predictor.commands import common
+
+    monkeypatch.setattr(common, "kernels_cached", lambda: False)
+    monkeypatch.setattr(common, "_compile_noticed", False)
+    assert cli.main(["predict", f"{conv_factory}:build", "--gpus", "T4"]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "compiling the numba kernels" in x]
+    assert len(lines) == 1 and lines[0].startswith("predictor: first run:")
+    assert cli.main(["predict", f"{conv_factory}:build", "--gpus", "T4"]) == 0
+    assert "compiling" not in capsys.readouterr().err  # once per process
+    monkeypatch.setattr(common, "kernels_cached", lambda: True)
+    monkeypatch.setattr(common, "_compile_noticed", False)
+    assert cli.main(["predict", f"{conv_factory}:build", "--gpus", "T4"]) == 0
+    assert "compiling" not in capsys.readouterr().err
+
+
+def test_progress_line_without_a_terminal(capsys):
+    import time
+
+    from predictor.commands.common import progress
+
+    with progress("tracing slow-model ...", after=0.05):
+        time.sleep(0.3)
+    assert capsys.readouterr().err == "predictor: tracing slow-model ...\n"
+    with progress("tracing fast-model ...", after=5):
+        pass
+    assert capsys.readouterr().err == ""
