@@ -17,7 +17,8 @@ from predictor.io import printable
 MAX_ERROR_CHARS = 2000
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("predict", "sweep", "search", "calibrate", "gpus", "zoo", "train-models")
+COMMANDS = ("predict", "sweep", "search", "explore", "calibrate", "gpus", "zoo",
+            "train-models")
 
 EXAMPLES = """examples:
   predictor predict resnet50 --batch-size 64
@@ -26,6 +27,7 @@ EXAMPLES = """examples:
   predictor predict my_model.py:build --batch-size 32 --breakdown 15
   predictor sweep resnet50 --gpus all --batch-sizes 1..1024 --plot sweep.png
   predictor search resnet50 --objective cost --samples 1281167 --epochs 90 --report out/
+  predictor explore space.py --gpus T4,H100 -b 8,32 --out runs/nas1 --executor local
   predictor calibrate resnet50 --batch-size 64 -o resnet50.cal.npz
   predictor sweep resnet50 --calibration resnet50.cal.npz --gpus all
   predictor gpus
@@ -56,7 +58,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return parser, modules
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings as one line, like errors (no source line under them)."""
+    return f"predictor: warning: {printable(str(message), MAX_ERROR_CHARS)}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    warnings.formatwarning = _one_line_warning
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

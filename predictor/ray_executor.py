@@ -60,6 +60,21 @@ def _ship_by_value(ray, factory: Callable) -> None:
         ray.cloudpickle.register_pickle_by_value(module)
 
 
+def _check_reachable(address: str) -> None:
+    """Refuse a HOST:PORT nobody listens on in one line: Ray itself would
+    retry connecting for minutes."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", "local": Ray resolves (and refuses) those itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except (OSError, ValueError) as exc:
+        raise InvalidArgumentError(f"cannot reach the Ray cluster at {address} "
+                                   f"({getattr(exc, 'strerror', None) or exc})") from None
+
+
 def run(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]], None], *,
         workers: int | None = None, address: str | None = None, max_retries: int = 3) -> None:
     """Evaluate every chunk as a Ray task, handing each chunk's records to
@@ -70,9 +85,12 @@ def run(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]],
         opts = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         try:
             if address:
+                _check_reachable(address)
                 ray.init(address=address, **opts)
             else:
                 ray.init(num_cpus=workers or os.cpu_count() or 1, **opts)
+        except InvalidArgumentError:
+            raise
         except Exception as exc:  # noqa: BLE001 - Ray's own errors are many
             where = f"at {address}" if address else "(a local one)"
             raise InvalidArgumentError(f"cannot start or reach the Ray cluster {where}: "
