@@ -423,9 +423,12 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         host_ops=list(lowered.host_ops),
         memory=mem, amp=amp)
     if mode == "train":
-        graph.layout = layout_pass.analyse(
-            gm, marks, sentinel, spec.batch_size, lowered.node_rows, lowered.table,
-            gm.meta.get("param_names", ()), seq, mem)
+        try:
+            graph.layout = layout_pass.analyse(
+                gm, marks, sentinel, spec.batch_size, lowered.node_rows, lowered.table,
+                gm.meta.get("param_names", ()), seq, mem)
+        except Exception as exc:  # noqa: BLE001 — the analysis is optional, the trace is not
+            notes.append(f"no layout analysis (parallel layouts unavailable): {_one_line(exc)}")
     # How to build and feed the model for real (calibration runs the real step);
     # an attribute, not a field: callables are not saved with the graph.
     graph.source = spec
