@@ -35,7 +35,8 @@ import torch
 from predictor.calibrated import model_params_for
 from predictor.calibration.device import probe, resolve_device
 from predictor.calibration.file import Calibration, OverheadModel, graph_fingerprint, load, now_iso
-from predictor.calibration.measure import measure_table
+from predictor.calibration import checks
+from predictor.calibration.measure import measure_table, time_progress
 from predictor.calibration.step import StepUnavailable, build_step, step_samples
 from predictor.engine import model_params
 from predictor.errors import InvalidArgumentError
@@ -156,60 +157,110 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
     skipped: dict[str, int] = {}
     notes: list[str] = []
     source = getattr(graph, "source", None)
-    for j, b in enumerate(batches):
-        torch.set_num_threads(pinned)
-        real: list[float] = []
-        step = None
-        if measure_iteration:
-            try:
-                step = build_step(source, graph.mode, graph.optimizer, b, dev)
-                step_samples(step, dev, iterations=1, warmup=1, clock=clock)  # warm-up
-            except StepUnavailable as exc:
-                notes.append(f"real iteration not measured: {exc}")
-                measure_iteration, step = False, None
-            except (RuntimeError, ValueError, TypeError) as exc:
-                step = None
-                notes.append(_step_failed(b, exc, dev))
-        def between_passes(p: int) -> None:
-            # Real iterations interleaved with the op passes see the same
-            # interference from other work on the machine as the ops do;
-            # `iterations` of them spread evenly over the `repeats` passes.
-            nonlocal step
-            if on_pass is not None:
-                on_pass(b, p)
-            count = (p + 1) * iterations // repeats - p * iterations // repeats
-            if step is None or count == 0:
-                return
-            torch.set_num_threads(pinned)
-            try:
-                real.extend(step_samples(step, dev, iterations=count, warmup=0, clock=clock))
-            except (RuntimeError, ValueError, TypeError) as exc:
-                step = None
-                notes.append(_step_failed(b, exc, dev))
-
-        times = measure_table(ops, b, dev, repeats=repeats, min_sample_s=MIN_SAMPLE_S[dev.type],
-                              progress=progress, clock=clock, between_passes=between_passes,
-                              description=f"{graph.name}: ops at batch {b}")
-        step = None
-        if real:
-            iteration_ms[j] = float(np.median(real))
-        measured[j] = times.us
-        for reason, n in times.skipped.items():
-            skipped[reason] = max(skipped.get(reason, 0), n)
-        model_us = origin_model_us(ops, b, info, params)
-        have = times.us > 0
-        ops_ms[j] = float((np.where(have, times.us, model_us) * ops.count).sum() * 1e-3)
-        unmeasured_ms[j] = float((model_us * ops.count)[~have].sum() * 1e-3)
+    # One progress bar over every batch size, in the seconds the model of this
+    # device expects each sample to take (at least MIN_SAMPLE_S, plus its warm
+    # call): an ETA that follows time, not a count of rows of unequal cost.
+    model_us = [origin_model_us(ops, b, info, params) for b in batches]
+    model_ms = [float((m * ops.count).sum() * 1e-3) for m in model_us]
+    weights = [np.maximum(m * 1e-6, MIN_SAMPLE_S[dev.type]) + m * 1e-6 for m in model_us]
+    distinct = _distinct_rows(ops)
+    step_s = [2 * ms * 1e-3 for ms in model_ms]  # a real step: forward + backward, roughly
+    total_s = sum(repeats * float(w[distinct].sum()) + (iterations + 2) * s
+                  for w, s in zip(weights, step_s))
+    bar = time_progress(total_s, f"calibrating {graph.name} on {dev.type} (batches "
+                        f"{', '.join(str(b) for b in batches)})", progress)
+    samples_by_batch: list[list[float]] = []
+    try:
+        for j, b in enumerate(batches):
+            real = _measure_batch(graph, ops, b, j, dev, info, pinned, repeats, iterations, clock,
+                                  measure_iteration, source, notes, skipped, measured, on_pass,
+                                  bar, weights[j], step_s[j])
+            if real is None:  # the real step cannot be run at all: not at other batches either
+                measure_iteration, real = False, []
+            samples_by_batch.append(real)
+            if real:
+                iteration_ms[j] = float(np.median(real))
+            have = measured[j] > 0
+            ops_ms[j] = float((np.where(have, measured[j], model_us[j]) * ops.count).sum() * 1e-3)
+            unmeasured_ms[j] = float((model_us[j] * ops.count)[~have].sum() * 1e-3)
+    finally:
+        bar(None)
     if skipped:
         notes.append(f"{sum(skipped.values())} of {len(ops)} rows not measured; the model "
                      "predicts them")
     overhead = OverheadModel.fit(ops_ms, iteration_ms)
-    return Calibration(
+    problems = checks.problems(batches, ops_ms, model_ms, samples_by_batch, overhead)
+    notes.extend(f"check failed: {p}" for p in problems)
+    cal = Calibration(
         model=graph.name, fingerprint=graph_fingerprint(graph), device_info=info,
         batch_sizes=np.asarray(batches, dtype=np.int64), measured_us=measured,
         iteration_ms=iteration_ms, ops_ms=ops_ms, unmeasured_ms=unmeasured_ms,
         overhead=overhead, skipped=skipped, settings=_settings(dev, info, clock, repeats, graph),
         notes=notes, created=now_iso())
+    # What calibration.checks found (one line each; empty: it looks sane).
+    cal.problems = problems
+    return cal
+
+
+def _distinct_rows(ops) -> np.ndarray:
+    """Indices of the rows measure_table times: one per family, dtype,
+    kernels, dims and op name (as measure_table keys them)."""
+    seen: dict[tuple, int] = {}
+    for i in range(len(ops)):
+        key = (int(ops.family[i]), int(ops.dtype[i]), int(ops.kernels[i]),
+               tuple(int(x) for x in ops.dbase[i]), tuple(int(x) for x in ops.dslope[i]),
+               int(ops.op[i]))
+        seen.setdefault(key, i)
+    return np.asarray(sorted(seen.values()), dtype=np.int64)
+
+
+def _measure_batch(graph, ops, b, j, dev, info, pinned, repeats, iterations, clock,
+                   measure_iteration, source, notes, skipped, measured, on_pass, bar, weights,
+                   step_s) -> list[float] | None:
+    """Time every row at batch `b` (into measured[j]) and the real step
+    between the passes; the real step's times (None: it cannot be run)."""
+    torch.set_num_threads(pinned)
+    real: list[float] = []
+    step = None
+    unavailable = False
+    if measure_iteration:
+        try:
+            step = build_step(source, graph.mode, graph.optimizer, b, dev)
+            step_samples(step, dev, iterations=1, warmup=1, clock=clock)  # warm-up
+        except StepUnavailable as exc:
+            notes.append(f"real iteration not measured: {exc}")
+            step, unavailable = None, True
+        except (RuntimeError, ValueError, TypeError) as exc:
+            step = None
+            notes.append(_step_failed(b, exc, dev))
+        bar(2 * step_s)
+
+    def between_passes(p: int) -> None:
+        # Real iterations interleaved with the op passes see the same
+        # interference from other work on the machine as the ops do;
+        # `iterations` of them spread evenly over the `repeats` passes.
+        nonlocal step
+        if on_pass is not None:
+            on_pass(b, p)
+        count = (p + 1) * iterations // repeats - p * iterations // repeats
+        if step is None or count == 0:
+            return
+        torch.set_num_threads(pinned)
+        try:
+            real.extend(step_samples(step, dev, iterations=count, warmup=0, clock=clock))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            step = None
+            notes.append(_step_failed(b, exc, dev))
+        bar(count * step_s)
+
+    times = measure_table(ops, b, dev, repeats=repeats, min_sample_s=MIN_SAMPLE_S[dev.type],
+                          progress=False, clock=clock, between_passes=between_passes,
+                          description=f"{graph.name}: ops at batch {b}", bar=bar,
+                          weights=weights)
+    measured[j] = times.us
+    for reason, n in times.skipped.items():
+        skipped[reason] = max(skipped.get(reason, 0), n)
+    return None if unavailable else real
 
 
 def _step_failed(batch: int, exc: BaseException, dev) -> str:

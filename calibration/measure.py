@@ -608,7 +608,8 @@ def build_runner(ctx: RowContext) -> Runner:
 def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
                   min_sample_s: float = 2e-3, progress: bool = True,
                   description: str = "", clock: str = "wall",
-                  between_passes: Callable[[int], None] | None = None) -> RowTimes:
+                  between_passes: Callable[[int], None] | None = None,
+                  bar: Callable | None = None, weights: np.ndarray | None = None) -> RowTimes:
     """Time every row of the OpTable `ops` at batch size `batch` on `device`.
 
     Rows with the same family, dtype, dims and op name are timed once. The
@@ -618,7 +619,10 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
     interference from other work on the machine then spoils one pass of
     every row instead of every sample of a few rows. `between_passes(p)` runs
     after pass p (the caller times its real iterations there, interleaved
-    with the same interference).
+    with the same interference). `bar`: a progress callback the caller owns
+    (``calibrate``'s one bar over every batch size), advanced by `weights[i]`
+    (the expected seconds of a sample of row i) per row timed, so that its
+    ETA follows time rather than a count of rows of very different cost.
     """
     dims = ops.dims(batch)
     n = len(ops)
@@ -634,7 +638,10 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
     samples: dict[tuple, list[float]] = {k: [] for k in rows}
     failed: dict[tuple, str] = {}
     free = device_memory_bytes(device)
-    bar = _progress(len(rows) * repeats, description or f"timing ops at batch {batch}", progress)
+    own = bar is None
+    if own:
+        bar = _progress(len(rows) * repeats, description or f"timing ops at batch {batch}",
+                        progress)
     try:
         for p in range(repeats):
             for key, i in rows.items():
@@ -648,11 +655,12 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
                         failed[key] = got
                     else:
                         samples[key].append(got)
-                bar(1)
+                bar(1 if weights is None else float(weights[i]))
             if between_passes is not None:
                 between_passes(p)
     finally:
-        bar(None)
+        if own:
+            bar(None)
     us = np.zeros(n)
     skipped: dict[str, int] = {}
     for i, key in enumerate(keys):
@@ -696,6 +704,27 @@ def _measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batc
 def _short(exc: BaseException, limit: int = 80) -> str:
     msg = " ".join(str(exc).split())
     return msg if len(msg) <= limit else msg[:limit - 3] + "..."
+
+
+def time_progress(total_s: float, description: str, enabled: bool):
+    """A tqdm bar on stderr over work measured in expected seconds: it shows
+    the share done, the time spent and the time left (no op counts, whose
+    costs differ by orders of magnitude); call with None to close."""
+    if not enabled:
+        return lambda step: None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=max(total_s, 1e-9), desc=description, leave=False, dynamic_ncols=True,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} spent, about {remaining} "
+                          "left")
+
+    def update(step):
+        if step is None:
+            bar.close()
+        else:
+            bar.update(min(step, bar.total - bar.n))
+
+    return update
 
 
 def _progress(total: int, description: str, enabled: bool):

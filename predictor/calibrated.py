@@ -286,6 +286,32 @@ def resolve_targets(calibration, gpus, db) -> list:
     return db.resolve(gpus)
 
 
+# A batch size more than this factor beyond the calibrated ones is extrapolated.
+EXTRAPOLATION_FACTOR = 2
+
+
+def extrapolation_note(calibration, batch_sizes) -> str | None:
+    """One line when a calibration is used far outside the batch sizes it
+    measured (more than EXTRAPOLATION_FACTOR beyond the smallest or the
+    largest); None when every batch is within that range."""
+    cal_b = sorted(int(b) for b in np.asarray(calibration.batch_sizes).ravel())
+    if not cal_b:
+        return None
+    lo, hi = cal_b[0], cal_b[-1]
+    asked = sorted({int(b) for b in np.asarray(batch_sizes).ravel()})
+    out = [b for b in asked if b > EXTRAPOLATION_FACTOR * hi or b * EXTRAPOLATION_FACTOR < lo]
+    if not out:
+        return None
+    far = max(out, key=lambda b: max(b / hi, lo / b))
+    how = f"{far / hi:,.1f}x the largest" if far > hi else f"1/{lo / far:,.1f} of the smallest"
+    shown = ", ".join(str(b) for b in out[:6]) + (", ..." if len(out) > 6 else "")
+    return (f"extrapolating the calibration: batch {shown} "
+            f"{'is' if len(out) == 1 else 'are'} outside the measured batches "
+            f"({', '.join(str(b) for b in cal_b)}; batch {far} is {how}); measured times are "
+            "scaled by the model there, so expect larger errors (calibrate at nearer batches "
+            "with --calibrate-at)")
+
+
 def check_compatible(calibration, graph, ops, tf32_matmul=None, tf32_conv=None) -> None:
     """Refuse predictions the measurements cannot anchor."""
     calibration.check_graph(graph)

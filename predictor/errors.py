@@ -57,6 +57,11 @@ class WeightsError(PredictorError):
     """The shipped or user-given op-model weights file cannot be used."""
 
 
+class CalibrationError(PredictorError, RuntimeError):
+    """A calibration's measurements failed their sanity checks
+    (``predictor.calibration.checks``): not saved."""
+
+
 class WriteError(PredictorError, OSError):
     """A file could not be written (missing folder, no permission, disk full)."""
 

@@ -51,7 +51,12 @@ def add_parser(sub) -> None:
     p.add_argument("--no-iteration", action="store_true",
                    help="do not run the real step (no overhead model)")
     p.add_argument("--threads", type=positive_int,
-                   help="torch CPU threads while measuring (default: torch's)")
+                   help="torch CPU threads while measuring (default on a CPU: half the cores, at "
+                        "least 1, so that other work on the machine does not fight the "
+                        "measurement; on CUDA: torch's)")
+    p.add_argument("--keep", action="store_true",
+                   help="save the calibration even when its sanity checks fail (time that does "
+                        "not grow with the batch, noisy iterations, a degenerate fit)")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="CPU timer: wall time, or process CPU time (robust on a shared machine "
                         "with --threads 1)")
@@ -65,11 +70,22 @@ def run(args: argparse.Namespace) -> int:
     import predictor
 
     load_specs(args.spec)
+    threads = args.threads if args.threads is not None else default_threads(args.device)
     graph = trace_from_args(args)
     cal = predictor.calibrate(
         graph, device=args.device, repeats=args.repeats, batch_sizes=args.calibrate_at,
         iterations=args.iterations, measure_iteration=not args.no_iteration,
-        spec_id=args.spec_id, clock=args.clock, threads=args.threads, progress=not args.json)
+        spec_id=args.spec_id, clock=args.clock, threads=threads, progress=not args.json)
+    problems = getattr(cal, "problems", [])
+    if problems and not args.keep:
+        from predictor.errors import CalibrationError
+
+        raise CalibrationError(f"not saved: {problems[0]} (--keep saves it anyway)")
+    for line in problems:
+        import sys
+
+        print(f"predictor: warning: calibration check failed, saved anyway (--keep): {line}",
+              file=sys.stderr)
     path = cal.save(args.output)
     if args.json:
         out = cal.summary()
@@ -78,6 +94,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print_summary(cal, str(path))
     return 0
+
+
+def default_threads(device: str | None) -> int | None:
+    """Torch threads for a CPU calibration: half the cores (at least 1, at
+    most torch's own count), leaving room for the rest of the machine; None
+    (torch's setting) for a CUDA device."""
+    import os
+
+    import torch
+
+    wants_cuda = device is not None and str(device).startswith("cuda") or \
+        device is None and torch.cuda.is_available()
+    if wants_cuda:
+        return None
+    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) // 2))
 
 
 def print_summary(cal, path: str) -> None:

@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     df = res.to_pandas()
     best = res.best("throughput")
     _add_cost(best, res)
+    lines = notes(graph, gpus, args.dtype)
+    if cal is not None:
+        from predictor.calibrated import extrapolation_note
+
+        lines += [n for n in (extrapolation_note(cal, res.batch_sizes),) if n]
     if args.csv:
         from predictor.io import atomic_writer
 
@@ -81,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
             "model": graph.name, "mode": graph.mode, "optimizer": graph.optimizer,
             "seq_len": graph.seq_len, "dtype": args.dtype or "as traced",
             "batch_sizes": [int(b) for b in res.batch_sizes], "gpus": res.gpus,
-            "best": _records(best), "grid": _records(df), "notes": notes(graph, gpus, args.dtype),
+            "best": _records(best), "grid": _records(df), "notes": lines,
         }, indent=2))
         return 0
-    print_best(graph, args, res, best, seconds, notes(graph, gpus, args.dtype))
+    print_best(graph, args, res, best, seconds, lines)
     return 0
 
 
