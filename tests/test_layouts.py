@@ -229,3 +229,17 @@ def test_search_layouts(gpt):
     assert all(r["micro_batch"] * r["microbatches"] * r["dp"] == 16 for r in rows)
     fits = [r["iteration_ms"] for r in rows if r["fits"]]
     assert fits == sorted(fits)
+
+
+def test_cli_layout_errors_are_one_line(capsys):
+    from predictor.cli import main
+
+    for argv in (["predict", "gpt2", "--sequence-parallel"],
+                 ["predict", "gpt2", "--fsdp", "--zero", "2"],
+                 ["predict", "gpt2", "--tp", "2", "--inter-node-gbs", "-3"]):
+        with pytest.raises(SystemExit) as e:
+            rc = main(argv)
+            raise SystemExit(rc)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "error" in err

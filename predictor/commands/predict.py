@@ -37,7 +37,42 @@ def add_parser(sub) -> None:
     p.add_argument("--breakdown-gpu", metavar="GPU",
                    help="show the breakdown on this GPU (one of --gpus) instead of the fastest; "
                         "implies --breakdown")
+    lay = p.add_argument_group(
+        "parallel layout (predictor.Parallel; -b is then the micro-batch per GPU)")
+    lay.add_argument("--dp", type=positive_int, help="data-parallel degree")
+    lay.add_argument("--tp", type=positive_int, help="tensor-parallel degree (Megatron)")
+    lay.add_argument("--pp", type=positive_int, help="pipeline stages (1F1B)")
+    lay.add_argument("--microbatches", type=positive_int,
+                     help="micro-batches per optimizer step")
+    lay.add_argument("--interleave", type=positive_int, help="virtual stages per GPU")
+    lay.add_argument("--sequence-parallel", action="store_true", default=None,
+                     help="Megatron sequence parallelism (needs --tp > 1)")
+    lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
+                     help="ZeRO stage (3: FSDP full sharding)")
+    lay.add_argument("--fsdp", action="store_true", default=None, help="the same as --zero 3")
+    lay.add_argument("--checkpoint", choices=("full", "selective"),
+                     help="activation recomputation")
+    lay.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default 8)")
+    lay.add_argument("--inter-node-gbs", type=float,
+                     help="network between nodes, GB/s per GPU per direction "
+                          "(default: the system's, specs/network.toml)")
     add_format_arguments(p)
+
+
+_LAYOUT_ARGS = ("dp", "tp", "pp", "microbatches", "interleave", "sequence_parallel", "zero",
+                "fsdp", "gpus_per_node", "inter_node_gbs")
+
+
+def layout_from_args(args):
+    """(Parallel or None, checkpoint) from the layout options."""
+    given = {k: getattr(args, k, None) for k in _LAYOUT_ARGS}
+    given = {k: v for k, v in given.items() if v is not None}
+    ck = getattr(args, "checkpoint", None)
+    if not given and ck is None:
+        return None, None
+    from predictor.layouts import Parallel
+
+    return Parallel(**given), ck
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,10 +80,18 @@ def run(args: argparse.Namespace) -> int:
 
     load_specs(args.spec)
     gpus, cal = targets(args)  # fail on a bad GPU or calibration before tracing
+    par, ck = layout_from_args(args)
+    if par is not None and cal is not None:
+        from predictor.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("parallel layouts are predicted in pure mode only "
+                                   "(drop --calibration)")
     chosen = breakdown_device(args.breakdown_gpu, gpus)
     if chosen is not None and not args.breakdown:
         args.breakdown = 10
     graph = trace_from_args(args)
+    if par is not None:
+        return run_layout(args, graph, gpus, par, ck)
     if cal is not None:
         cal.check_graph(graph)
     res = engine.sweep(graph, gpus, [graph.batch_size], dtype=args.dtype,
@@ -177,3 +220,45 @@ def print_breakdown(pred, n: int) -> None:
         table.add_row(row.family, row.phase, row.shape, str(row.count), f"{row.ms_each:,.4f}",
                       f"{row.ms:,.3f}", f"{row.share:.1%}", row.basis)
     console().print(table)
+
+
+def run_layout(args, graph, gpus, par, ck) -> int:
+    """One row per GPU type: the layout's time split and memory per GPU."""
+    from predictor import layouts
+
+    preds = [layouts.predict_parallel(graph, g, graph.batch_size, par, ck, dtype=args.dtype,
+                                      tf32=(args.tf32 or None, None)) for g in gpus]
+    preds.sort(key=lambda p: p.iteration_ms)
+    lp = graph.layout
+    sharded = (f"tensor-parallel: {len(lp.column_parallel)} column- and {len(lp.row_parallel)} "
+               f"row-parallel linears, vocab-parallel: {', '.join(lp.vocab_parallel) or 'none'}; "
+               f"not sharded: {len(lp.unsharded_linears)} linears"
+               + (f", ops run whole: {lp.kept_whole}" if lp.kept_whole else ""))
+    if args.json:
+        print(json.dumps({"model": graph.name, "layout": par.describe(), "checkpoint": ck,
+                          "sharded": preds[0].sharded if preds else {},
+                          "predictions": [p.to_dict() for p in preds]}, indent=2))
+        return 0
+    if args.csv:
+        import pandas as pd
+
+        print(pd.DataFrame([p.to_dict() for p in preds]).drop(
+            columns=["stage_memory_gb", "memory_parts_gb"]).to_csv(index=False), end="")
+        return 0
+    from rich.table import Table
+
+    title = (f"{graph.name} · {par.gpus} GPUs · {par.describe()} · micro-batch "
+             f"{graph.batch_size} · global batch {graph.batch_size * par.microbatches * par.dp}"
+             f" · checkpoint {ck or 'none'}")
+    table = Table(title=title, title_justify="left")
+    for label in ("GPU", "iter ms", "compute ms", "comm ms", "bubble ms", "opt ms",
+                  "samples/s", "GiB/GPU", "fits"):
+        table.add_column(label, justify="left" if label == "GPU" else "right", no_wrap=True)
+    for p in preds:
+        table.add_row(p.gpu, f"{p.iteration_ms:,.1f}", f"{p.compute_ms:,.1f}",
+                      f"{p.comm_ms:,.1f}", f"{p.bubble_ms:,.1f}", f"{p.optimizer_ms:,.1f}",
+                      f"{p.throughput:,.1f}", f"{p.memory_gb:,.1f}", "yes" if p.fits else "no")
+    out = console()
+    out.print(table)
+    out.print(sharded)
+    return 0
