@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-TARGETS = ("onnx", "spec", "graph", "calibration", "prices")
+TARGETS = ("onnx", "spec", "graph", "calibration", "prices", "sizes", "cache")
 INTERESTING_INTS = (0, 1, -1, 2, 3, 7, 1009, 2**15, 2**31 - 1, 2**31, 2**32, 2**40, 2**62,
                     -2**31, -2**63)
 INTERESTING_FLOATS = (0.0, -0.0, -1.0, 1e-300, 1e308, float("inf"), float("-inf"),
@@ -203,10 +203,36 @@ def _seed_prices(work: Path) -> list[bytes]:
             json.dumps({"A100-SXM4-80GB": 1.8, "L4": 0.7}).encode()]
 
 
+def _seed_sizes(work: Path) -> list[bytes]:
+    """Batch sizes (the CLI's -b syntax) on line 1, a sequence length on line 2."""
+    return [b"8\n4\n", b"1,2,4..1024\n16\n", b"2147483648\n2147483648\n"]
+
+
+# A cache entry: one selector byte (which cache), then the entry's bytes.
+CACHE_KINDS = ("graph", "numba-index", "numba-data")
+
+
+def _seed_cache(work: Path) -> list[bytes]:
+    from predictor import cache
+
+    g = _small_graph(work)
+    out = []
+    for identity in ("m", "another model"):
+        key = cache.graph_key(identity, batch_size=4, seq_len=None, mode="train", optimizer=None)
+        path = cache.store(key, g, "case", work / "graph-cache")
+        out.append(bytes([0]) + path.read_bytes())
+        path.unlink()
+    folder = _numba_cache(work)
+    for p in sorted(folder.glob("memory._round_up-*")):
+        out.append(bytes([1 if p.suffix == ".nbi" else 2]) + p.read_bytes())
+    return out
+
+
 SEEDS = {"onnx": _seed_onnx, "spec": _seed_spec, "graph": _seed_graph,
-         "calibration": _seed_calibration, "prices": _seed_prices}
+         "calibration": _seed_calibration, "prices": _seed_prices, "sizes": _seed_sizes,
+         "cache": _seed_cache}
 SUFFIX = {"onnx": ".onnx", "spec": ".toml", "graph": ".npz", "calibration": ".npz",
-          "prices": ".toml"}
+          "prices": ".toml", "sizes": ".txt", "cache": ".bin"}
 
 
 # ------------------------------------------------------------ mutators ----
@@ -439,8 +465,33 @@ def mutate_prices(data: bytes, c: Chooser) -> bytes:
     return f"{json.dumps(name)} = {_toml_value(value)}\n".encode()
 
 
+def mutate_sizes(data: bytes, c: Chooser) -> bytes:
+    """A batch list or sequence length out of range, negative, huge, or not a number."""
+    lines = data.decode(errors="replace").split("\n") + ["", ""]
+    huge = str(c.choice((2**31 + 1, 2**37, 2**42, 2**52, 2**62, 2**63, 2**64, 10**30,
+                         10**4000)))
+    value = c.choice([*(str(v) for v in INTERESTING_INTS), huge, f"1..{huge}", f"{huge}..1",
+                      "1e308", "nan", "0x10", "-0", " 8 ", "8,,16", "..", *HOSTILE_STRINGS[:3]])
+    line = c.int(0, 1)
+    if c.chance():
+        lines[line] = value
+    else:
+        lines[line] = f"{lines[line]},{value}"
+    return "\n".join(lines[:2]).encode()
+
+
+def mutate_cache(data: bytes, c: Chooser) -> bytes:
+    kind, body = data[:1], data[1:]
+    if kind == b"\0":
+        return kind + mutate_npz(body, c)
+    # A numba entry: truncated, emptied, or a pickle of something else in front.
+    return kind + c.choice((body[:c.int(0, max(len(body) - 1, 0))], b"",
+                            b"\x80\x04\x95" + body, body + body))
+
+
 STRUCTURED = {"onnx": mutate_onnx, "spec": mutate_spec, "graph": mutate_npz,
-              "calibration": mutate_npz, "prices": mutate_prices}
+              "calibration": mutate_npz, "prices": mutate_prices, "sizes": mutate_sizes,
+              "cache": mutate_cache}
 
 
 def make_input(target: str, seeds: list[bytes], c: Chooser) -> bytes:
@@ -529,6 +580,136 @@ def run_loader(target: str, path: Path, work: Path) -> None:
         for k, v in load_prices(path).items():
             if not (math.isfinite(v) and 0 <= v <= 1e6):
                 raise Finding(f"price {k[:40]!r} = {v!r} accepted")
+    elif target == "sizes":
+        _run_sizes(path, work)
+    elif target == "cache":
+        _run_cache(path, work)
+
+
+class _Refused(Exception):
+    """A one-line refusal that is not a PredictorError (argparse's), already checked."""
+
+
+def _run_sizes(path: Path, work: Path) -> None:
+    """Batch sizes and a sequence length as the CLI parses them (-b, --seq-len)
+    and as the Python API takes them: refused in one line, or predicted
+    finite, positive, with memory that grows with the batch (never saturates)."""
+    import argparse
+
+    from predictor import engine, limits
+    from predictor.commands.common import parse_batch_sizes, seq_len_arg
+    from predictor.errors import PredictorError
+
+    from predictor.io import read_regular
+
+    text = read_regular(path, 1 << 20, "sizes file").decode(errors="replace")
+    lines = (text.split("\n") + ["", ""])[:2]
+    g = _graph_for(work)
+    try:
+        batches = parse_batch_sizes(lines[0])
+    except argparse.ArgumentTypeError as exc:
+        _one_line(str(exc), "-b")
+        batches = []
+    if any(b > limits.MAX_BATCH_SIZE for b in batches):
+        raise Finding(f"-b accepted {max(batches)} (above 2**31)")
+    if batches:
+        res = engine.sweep(g, ["T4"], batches)
+        t = res.phase_ms.sum(axis=-1)[0]
+        if not np.all(np.isfinite(t)) or not np.all(t > 0):
+            raise Finding(f"sweep at {batches[:4]}...: times {t[:4]}")
+        if res.memory_bytes is not None and np.any(np.diff(res.memory_bytes[0]) < 0):
+            raise Finding(f"memory falls with the batch at {batches}")
+    if lines[1].strip():
+        try:
+            seq = seq_len_arg(lines[1])
+        except argparse.ArgumentTypeError as exc:
+            _one_line(str(exc), "--seq-len")
+            seq = None
+        if seq is not None and seq > limits.MAX_SEQ_LEN:
+            raise Finding(f"--seq-len accepted {seq}")
+    # The Python entry points take the raw numbers.
+    for token in lines[0].replace("..", ",").split(","):
+        try:
+            b = int(token.strip())
+        except ValueError:
+            continue
+        try:
+            p = engine.predict(g, "T4", batch_size=b)
+        except PredictorError as exc:
+            _one_line(str(exc), "predict")
+            continue
+        if not 0 < b <= limits.MAX_BATCH_SIZE:
+            raise Finding(f"predict accepted batch_size={b}")
+        _finite_positive(p.iteration_ms, f"predict at batch {b}")
+
+
+def _one_line(msg: str, what: str) -> None:
+    if "\n" in msg.strip() or "\x1b" in msg or len(msg) > 4000:
+        raise Finding(f"{what}: a refusal of {len(msg):,} characters or several lines: "
+                      f"{msg[:300]!r}")
+
+
+def _numba_cache(work: Path) -> Path:
+    """A private kernel cache under work/xdg, filled by one child process;
+    returns its folder."""
+    xdg = work / "xdg"
+    if not (xdg / "dnn-predictor").exists():
+        _kernel_child(xdg)
+    (folder,) = (xdg / "dnn-predictor" / "numba").iterdir()
+    return folder
+
+
+_KERNEL_CHILD = (
+    "import warnings; warnings.simplefilter('always');"
+    "warnings.formatwarning = lambda m, c, f, l, line=None: f'{c.__name__}: {m}\\n';"
+    "from predictor.kernels import memory; print(memory._round_up(3, 512))")
+
+
+def _kernel_child(xdg: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    return subprocess.run([sys.executable, "-c", _KERNEL_CHILD], capture_output=True, text=True,
+                          timeout=600, env={**env, "XDG_CACHE_HOME": str(xdg)})
+
+
+def _run_cache(path: Path, work: Path) -> None:
+    """A damaged or planted cache entry: a graph-cache entry must load as the
+    key's own graph or be a miss with a one-line warning; a numba entry must
+    leave the next process working, with one-line CacheWarnings at most."""
+    import warnings
+
+    from predictor import cache
+
+    from predictor.io import read_regular
+
+    data = read_regular(path, 1 << 30, "cache entry")
+    kind, body = (data[0] % len(CACHE_KINDS)) if data else 0, data[1:]
+    if CACHE_KINDS[kind] == "graph":
+        key = cache.graph_key("m", batch_size=4, seq_len=None, mode="train", optimizer=None)
+        folder = work / "graph-cache"
+        folder.mkdir(exist_ok=True)
+        cache._file(key, "case", folder).write_bytes(body)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            g = cache.load(key, "case", folder)
+        for w in caught:
+            _one_line(str(w.message), "graph cache warning")
+        if g is not None:
+            from predictor.optable import load_graph_meta
+
+            if load_graph_meta(cache._file(key, "case", folder))[1].get(cache.KEY_FIELD) != key:
+                raise Finding("graph cache: an entry of another key was used")
+            _finite_positive(__import__("predictor").predict(g, "T4").iteration_ms, "cache")
+        return
+    folder = _numba_cache(work)
+    suffix = ".nbi" if CACHE_KINDS[kind] == "numba-index" else ".nbc"
+    for p in folder.glob(f"memory._round_up-*{suffix}"):
+        p.write_bytes(body)
+    proc = _kernel_child(work / "xdg")
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    if proc.returncode != 0 or proc.stdout.strip() != "512" or \
+            any(not x.startswith("CacheWarning: ") for x in lines):
+        raise Finding(f"numba cache entry ({CACHE_KINDS[kind]}): exit {proc.returncode}, "
+                      f"stderr {proc.stderr[-300:]!r}")
 
 
 _GRAPH = None
@@ -562,7 +743,9 @@ def check_path(target: str, path: Path, work: Path, timeout: float) -> None:
         if "\x1b" in msg or len(msg) > 4000:
             raise Finding(f"raw control characters or {len(msg):,} characters in the error: "
                           f"{msg[:300]!r}") from exc
-        if path.name not in msg and target != "spec" or (target == "spec" and path.name
+        if target in ("sizes", "cache"):
+            pass  # not a file the user named: the numbers or the cache are the subject
+        elif path.name not in msg and target != "spec" or (target == "spec" and path.name
                                                               not in msg and "GPU" not in msg):
             raise Finding(f"the error does not name the file: {msg[:300]!r}") from exc
     except Finding:

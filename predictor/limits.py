@@ -55,8 +55,13 @@ def check_seq_len(value: Any, what: str = "sequence length") -> int:
 def _check(value: Any, what: str, maximum: int) -> int:
     n = _integer(value)
     if n is None or n <= 0:
-        raise InvalidArgumentError(f"{what} must be a positive integer, got {value!r}")
+        shown = repr(value) if n is None or n.bit_length() <= 128 else \
+            f"a negative number of {n.bit_length():,} bits"
+        raise InvalidArgumentError(f"{what} must be a positive integer, got {shown}")
     if n > maximum:
+        # str() of an int of more than 4,300 digits raises: show its size instead.
+        shown = str(n) if n.bit_length() <= 128 else f"of {n.bit_length():,} bits"
         raise InvalidArgumentError(
-            f"{what} {n} is outside the supported range 1..{maximum} (2**{maximum.bit_length() - 1})")
+            f"{what} {shown} is outside the supported range 1..{maximum} "
+            f"(2**{maximum.bit_length() - 1})")
     return n

@@ -25,7 +25,7 @@ from predictor.kernels import layout as L
 from predictor.optable import Graph, OpTable
 
 ROOT = Path(__file__).resolve().parents[1]
-HUGE = (2**31 + 1, 2**52, 2**62, 2**63, 2**64, 10**30)
+HUGE = (2**31 + 1, 2**52, 2**62, 2**63, 2**64, 10**30, 10**5000)
 
 
 def cli(*args, limit_bytes=None, timeout=300) -> subprocess.CompletedProcess:
@@ -40,7 +40,9 @@ def cli(*args, limit_bytes=None, timeout=300) -> subprocess.CompletedProcess:
 
 
 def one_line_exit_2(proc, needle: str) -> str:
-    err = proc.stderr.strip()
+    # A progress line ("predictor: tracing gnmt ...") may come first off a terminal.
+    err = "\n".join(line for line in proc.stderr.strip().splitlines()
+                    if not line.startswith("predictor: tracing "))
     assert proc.returncode == 2, (proc.returncode, err[-2000:])
     assert err and "\n" not in err and "Traceback" not in err, err[-2000:]
     assert needle in err, err
@@ -66,7 +68,7 @@ def test_the_range_is_defined_once():
             limits.check_seq_len(bad)
 
 
-@pytest.mark.parametrize("b", HUGE)
+@pytest.mark.parametrize("b", HUGE, ids=lambda b: f"2^{b.bit_length() - 1}+")
 def test_python_entry_points_refuse_huge_batches(resnet50_graph, b):
     g = resnet50_graph
     calls = [lambda: engine.predict(g, "T4", batch_size=b),
@@ -124,6 +126,13 @@ def test_cli_refuses_huge_batches_and_lengths(tmp_path, args):
     g = tmp_path / "g.npz"
     wide_graph(8).save(g)
     one_line_exit_2(cli(*(a.format(g=g) for a in args)), "supported range")
+
+
+def test_cli_quotes_absurd_arguments_in_one_short_line(tmp_path):
+    """A 5,000-digit or escape-laden -b is quoted short and escaped."""
+    for text in ("9" * 5000, "1.." + "9" * 5000, "\x1b[2J" + "x" * 5000):
+        err = one_line_exit_2(cli("sweep", "g.npz", "-b", text), "batch")
+        assert len(err) < 400 and "\x1b" not in err, err
 
 
 def test_example_inputs_are_fake(tmp_path):

@@ -6,11 +6,18 @@ import argparse
 from typing import Sequence
 
 
+def shown(text: object, limit: int = 80) -> str:
+    """An argument quoted in a one-line error: escaped, at most `limit` characters."""
+    from predictor.text import printable
+
+    return printable(repr(str(text)), limit)
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown(text)}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
@@ -274,7 +281,7 @@ def parse_batch_sizes(text: str) -> list[int]:
             lo_text, _, hi_text = item.partition("..")
             lo, hi = _positive(lo_text, item), _positive(hi_text, item)
             if lo > hi:
-                raise argparse.ArgumentTypeError(f"empty batch-size range {item!r} ({lo} > {hi})")
+                raise argparse.ArgumentTypeError(f"empty batch-size range {shown(item)} ({lo} > {hi})")
             b = lo
             while b < hi:
                 out.add(b)
@@ -285,7 +292,7 @@ def parse_batch_sizes(text: str) -> list[int]:
         if len(out) > MAX_BATCH_SIZES:
             raise argparse.ArgumentTypeError(f"more than {MAX_BATCH_SIZES} batch sizes")
     if not out:
-        raise argparse.ArgumentTypeError(f"no batch size in {text!r}")
+        raise argparse.ArgumentTypeError(f"no batch size in {shown(text)}")
     return sorted(out)
 
 
@@ -294,7 +301,7 @@ def _positive(text: str, item: str) -> int:
         value = int(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"bad batch size {item!r}: expected N or A..B (doubling), e.g. 1,2,4..1024") from None
+            f"bad batch size {shown(item)}: expected N or A..B (doubling), e.g. 1,2,4..1024") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {value}")
     from predictor.errors import InvalidArgumentError
