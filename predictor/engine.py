@@ -194,7 +194,7 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
                                            "in pure mode only (no calibration=)")
             return layouts.predict_parallel(
                 graph, hardware.get(gpu), graph.check_batch(batch_size), par, checkpoint,
-                dtype=dtype, tf32=(tf32_matmul, tf32_conv),
+                dtype=dtype, tf32=(tf32_matmul, tf32_conv), mlp=_mlp(),
                 max_memory_fraction=memmodel.check_fraction(max_memory_fraction))
     if calibration is not None:
         g = calibrated.resolve_targets(calibration, [gpu], hardware.database())[0]

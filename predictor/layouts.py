@@ -290,8 +290,24 @@ def _table(ops: OpTable, lp, sel: np.ndarray, tp: int, sp: bool) -> OpTable:
                    ops.kernels[rows], dbase, dslope, ops.op[rows], ops.op_names)
 
 
-def _phase_ms(table: OpTable, batch: int, gpu, dtype_code, tf32) -> np.ndarray:
-    from predictor import engine
+_NO_CALIBRATION = (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(L.N_GPU_FEATURES))
+
+
+def _model(tf32: tuple, mlp) -> tuple[np.ndarray, np.ndarray]:
+    """The per-op model's parameters (PyTorch's TF32 switches applied, as the
+    engine does) and op-model weights (the engine passes the ones in use)."""
+    from predictor import opmodel
+    from predictor.kernels.roofline import P_TF32_CONV, P_TF32_MATMUL, default_params
+
+    p = default_params()
+    if tf32[0] is not None:
+        p[P_TF32_MATMUL] = float(bool(tf32[0]))
+    if len(tf32) > 1 and tf32[1] is not None:
+        p[P_TF32_CONV] = float(bool(tf32[1]))
+    return p, (opmodel.weights() if mlp is None else mlp)
+
+
+def _phase_ms(table: OpTable, batch: int, gpu, dtype_code, model) -> np.ndarray:
     from predictor.kernels.grid import evaluate_grid
     out = np.zeros((1, 1, len(L.PHASE_NAMES)))
     if len(table) == 0:
@@ -299,7 +315,7 @@ def _phase_ms(table: OpTable, batch: int, gpu, dtype_code, tf32) -> np.ndarray:
     t = table.with_dtype(dtype_code) if dtype_code is not None else table
     evaluate_grid(t.family, t.phase, t.dtype, t.count, t.kernels, t.dbase, t.dslope,
                   np.asarray([batch], np.int64), gpu.features[None, :],
-                  engine.model_params(*tf32), engine._mlp(), *engine._NO_CALIBRATION, out)
+                  model[0], model[1], *_NO_CALIBRATION, out)
     return out[0, 0]
 
 
@@ -388,10 +404,12 @@ def check_layout_profile(graph) -> Any:
 
 
 def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | None, *,
-                     dtype=None, tf32: tuple = (None, None),
+                     dtype=None, tf32: tuple = (None, None), mlp=None,
                      max_memory_fraction: float = 0.9) -> ParallelPrediction:
-    """See the module docstring; `batch` is the micro-batch per GPU."""
+    """See the module docstring; `batch` is the micro-batch per GPU; `mlp`:
+    the op-model weights (None: the shipped ones)."""
     lp = check_layout_profile(graph)
+    model = _model(tf32, mlp)
     g = hardware.get(gpu) if isinstance(gpu, str) else gpu
     code = dtypes.parse(dtype)
     tp, pp, dp, m, v = par.tp, par.pp, par.dp, par.microbatches, par.interleave
@@ -419,7 +437,7 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
     numel_gpu = np.where(lp.param_sharded.astype(bool), lp.param_numel / tp, lp.param_numel)
     # the optimizer step's time on one GPU, scaled by the parameters each GPU updates
     opt_rows = lp.split_group < 0
-    opt_ms_full = float(_phase_ms(_table(ops, lp, opt_rows, 1, False), 1, g, code, tf32)[2]) \
+    opt_ms_full = float(_phase_ms(_table(ops, lp, opt_rows, 1, False), 1, g, code, model)[2]) \
         if opt_rows.any() else 0.0
 
     # activations: bytes at the micro-batch of every stored forward tensor
@@ -447,13 +465,13 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
     worst = None
     for s, grp in enumerate(groups):
         sel_g = np.isin(lp.split_group, list(grp))
-        t = _phase_ms(_table(ops, lp, sel_g, tp, par.sequence_parallel), batch, g, code, tf32)
+        t = _phase_ms(_table(ops, lp, sel_g, tp, par.sequence_parallel), batch, g, code, model)
         f_ms, b_ms = float(t[0]), float(t[1])
         rec_sel = sel_g & fwd & in_block
         if checkpoint == "selective":
             rec_sel &= (lp.split_flags & ATTENTION_CORE) > 0
         rec_ms = float(_phase_ms(_table(ops, lp, rec_sel, tp, par.sequence_parallel), batch, g,
-                                 code, tf32)[0]) if checkpoint and rec_sel.any() else 0.0
+                                 code, model)[0]) if checkpoint and rec_sel.any() else 0.0
         # TP all-reduces of this stage, per micro-batch
         tp_ms = 0.0
         if tp > 1:
