@@ -28,6 +28,7 @@ import numpy as np
 from predictor.kernels import features
 from predictor.kernels import layout as L
 from predictor.kernels import mlp as M
+from predictor.kernels import precision as P
 from predictor.kernels import roofline as R
 from predictor.kernels import work as W
 from predictor.overhead import HOST_DISPATCH_US, HOST_LAUNCH_US
@@ -292,11 +293,92 @@ def with_chip(mlp, group: int, eta: float, chip: float) -> float:
 
 # ---- kernels/optime.py -------------------------------------------------------------
 
+# ---- kernels/precision.py --------------------------------------------------------
+
+_MEMORY_LEARNED = (L.ELEMENTWISE, L.DROPOUT, L.COPY, L.FILL, L.LOSS, L.OPTIMIZER, L.UNSUPPORTED,
+                   L.SOFTMAX, L.SOFTMAX_BWD, L.LAYER_NORM, L.LAYER_NORM_BWD)
+
+
+def tensor_core_peak(family: int, dtype_code: int, gpu, params) -> float:
+    """precision.tensor_core_peak: tensor-core FLOP/s of a row (0: none)."""
+    if not _is_gemm(family):
+        return 0.0
+    fp32 = gpu[L.G_FP32_TFLOPS]
+    if dtype_code == L.F16:
+        p = gpu[L.G_FP16_TFLOPS]
+        ok = p >= 4.0 * fp32 or (p >= 2.0 * fp32 and gpu[L.G_BF16_TFLOPS] >= 2.0 * fp32)
+    elif dtype_code == L.BF16:
+        p = gpu[L.G_BF16_TFLOPS]
+        ok = p >= 2.0 * fp32
+    elif dtype_code == L.F32 and family == L.MATMUL and params[R.P_TF32_MATMUL] > 0.5:
+        p = gpu[L.G_TF32_TFLOPS]
+        ok = p >= 2.0 * fp32
+    else:
+        return 0.0
+    return p * 1e12 if ok else 0.0
+
+
+def precision_mode(family: int, dtype_code: int, gpu, params) -> int:
+    """precision.mode_of: 0 as is, 1 tensor core, 2 as an fp32 row."""
+    half = dtype_code in (L.F16, L.BF16)
+    if _is_gemm(family):
+        if tensor_core_peak(family, dtype_code, gpu, params) > 0.0:
+            return 1
+        return 2 if dtype_code == L.BF16 else 0
+    return 2 if half and family in _MEMORY_LEARNED else 0
+
+
+def fp32_dims(family: int, dtype_code: int, d) -> list[int]:
+    """precision.fp32_dims: the fp32 row at the same bytes."""
+    out = [int(x) for x in d]
+    if not _is_gemm(family):
+        width = int(row_elem_bytes(dtype_code))
+        for j in (L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS, L.MEM_OUTER):
+            out[j] = (out[j] * width + 3) // 4
+    return out
+
+
+def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -> float:
+    """precision.tensor_core_us: tiles one per SM per wave, split-K, k-step,
+    alignment, achievable fraction; or the bytes against bandwidth."""
+    peak = tensor_core_peak(family, dtype_code, gpu, params)
+    bt, m, n, k = gemm_shape(family, d)
+    launch = kernels * params[R.P_LAUNCH_US]
+    if bt <= 0 or m <= 0 or n <= 0 or k <= 0 or peak <= 0.0:
+        return launch + 1e-3
+    sms = max(int(gpu[L.G_SMS]), 1)
+    tiles = bt * _cdiv(m, P.TC_TILE_M) * _cdiv(n, P.TC_TILE_N)
+    split = max(min(sms // tiles, k // R.SPLIT_K_MIN), 1) if tiles < sms else 1
+    waves = _cdiv(tiles * split, sms)
+    step = P.K_STEP_TF32 if dtype_code == L.F32 else P.K_STEP_16
+    k_tile = _cdiv(_cdiv(k, split), step) * step
+    flops, elems = flops_and_elems(family, d)
+    gemm_flops = 2.0 * bt * m * n * k
+    ratio = min(flops / gemm_flops, 1.0)
+    a = 4 if dtype_code == L.F32 else 8
+    if family == L.MATMUL:
+        ok = d[3] % a == 0 and d[2] % a == 0 and (
+            not (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) or d[1] % a == 0)
+    else:
+        g = max(d[9], 1)
+        ok = (d[1] // g) % a == 0 and (d[4] // g) % a == 0
+    eff = P.TC_FRACTION / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
+    t_c = waves * (2.0 * P.TC_TILE_M * P.TC_TILE_N * k_tile) * ratio / (peak / sms * eff) * 1e6
+    width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
+    t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family]) * 1e6
+    return max(t_c, t_m) + launch
+
+
 def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                gpu: Sequence[float], params, mlp) -> float:
     """Time of one execution of a row (us): the ideal roofline time over a
     learned efficiency where the row's group has a model, else the analytical
-    roofline."""
+    roofline; tensor-core and half-precision rows as in kernels/precision.py."""
+    mode = precision_mode(family, dtype_code, gpu, params)
+    if mode == 1:
+        return tensor_core_us(family, dtype_code, kernels, d, gpu, params)
+    if mode == 2:
+        d, dtype_code = fp32_dims(family, dtype_code, d), L.F32
     group = group_of(family)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
