@@ -8,9 +8,10 @@ importable (a module-level function).
 
 At most one chunk of candidates is in flight per worker, so when a worker
 dies (killed, out of memory, a crash in native code) the pool knows which
-chunks were running: the pool is rebuilt and those chunks run again, up to
-`max_retries` times each, after which their candidates are recorded as failed
-with a one-line error. A candidate that raises is never a dead worker: it is
+chunks were running: the pool is rebuilt and their candidates run again, one
+at a time, so that a death is then charged to its own candidate. A candidate
+whose worker dies more than `max_retries` times is recorded as failed with a
+one-line error; the others are unharmed. A candidate that raises is never a dead worker: it is
 recorded by ``candidate.evaluate`` and the run goes on.
 """
 
@@ -35,35 +36,40 @@ def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[d
     chunk's records to `on_records` (in this process) as it completes."""
     chunks = list(chunks)
     pending = list(range(len(chunks)))[::-1]     # a stack: chunk 0 first
-    attempts = [0] * len(chunks)
+    suspects: list[int] = []                     # lost with a worker: run alone
+    deaths = [0] * len(chunks)
     ctx = _context()
     if ctx.get_start_method() == "fork":
         candidate.warm_up(state["settings"])
 
-    def lost(c: int) -> None:
-        """A chunk lost with its worker runs again; one of several candidates
-        again on its own, so that a candidate that kills its worker takes
-        nobody else down with it."""
+    def suspect(c: int) -> None:
+        # One candidate at a time, so that a death names its candidate.
         if len(chunks[c]) == 1:
-            pending.append(c)
+            suspects.append(c)
             return
         for i in chunks[c]:
             chunks.append([i])
-            attempts.append(attempts[c])
-            pending.append(len(chunks) - 1)
+            deaths.append(deaths[c])
+            suspects.append(len(chunks) - 1)
 
-    while pending:
+    while pending or suspects:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                    initializer=candidate.set_state, initargs=(state,))
         running: dict = {}
         broken = False
         clean = False
         try:
-            while pending or running:
-                while pending and len(running) < workers:
-                    c = pending.pop()
-                    attempts[c] += 1
-                    running[pool.submit(candidate.evaluate_chunk, chunks[c])] = c
+            while pending or suspects or running:
+                if suspects:
+                    # Suspects run alone: a dead worker is then theirs.
+                    if not running:
+                        c = suspects.pop()
+                        running[pool.submit(candidate.evaluate_chunk, chunks[c])] = c
+                else:
+                    while pending and len(running) < workers:
+                        c = pending.pop()
+                        running[pool.submit(candidate.evaluate_chunk, chunks[c])] = c
+                alone = len(running) == 1
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     c = running.pop(fut)
@@ -71,20 +77,22 @@ def run_local(state: dict, chunks: list[list[int]], on_records: Callable[[list[d
                         recs = fut.result()
                     except BrokenProcessPool:
                         broken = True
-                        lost(c)
+                        if alone:
+                            deaths[c] += 1
+                            if deaths[c] > max_retries:
+                                on_records(candidate.dead_worker_records(state, chunks[c],
+                                                                         deaths[c]))
+                                continue
+                        suspect(c)
                         continue
                     on_records(recs)
                 if broken:
-                    # Every chunk that was running is lost with the pool.
+                    # Every chunk still running is lost with the pool.
                     for c in running.values():
-                        lost(c)
+                        suspect(c)
                     running.clear()
                     break
             clean = not broken
         finally:
             # An interrupted run does not wait for the chunks still running.
             pool.shutdown(wait=clean, cancel_futures=True)
-        # Chunks that have used up their retries are recorded as failed.
-        for c in [c for c in pending if attempts[c] > max_retries]:
-            pending.remove(c)
-            on_records(candidate.dead_worker_records(state, chunks[c], attempts[c]))

@@ -41,6 +41,7 @@ objective and constraints can change between runs without recomputing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import itertools
@@ -471,6 +472,12 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
     n_workers = workers or os.cpu_count() or 1
     sources: dict[str, int] = {}
 
+    stack = contextlib.ExitStack()
+    if executor == "ray" and chunks:
+        from predictor import ray_executor
+
+        # Connected (or refused in one line) before the progress bar starts.
+        stack.enter_context(ray_executor.session(workers, address))
     bar = _progress(progress, len(todo), len(keys) - len(todo))
     failed = 0
 
@@ -490,10 +497,7 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
     try:
         if chunks:
             if executor == "ray":
-                from predictor import ray_executor
-
-                ray_executor.run(state, chunks, on_records, workers=workers, address=address,
-                                 max_retries=max_retries)
+                ray_executor.run(state, chunks, on_records, max_retries=max_retries)
             else:
                 from predictor import executors
 
@@ -503,6 +507,7 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
         writer.flush()
         if bar is not None:
             bar.close()
+        stack.close()
 
     ordered = [records[k] for k in dict.fromkeys(keys) if k in records]
     table, failures = build_table(ordered, objective, bounds, fraction)

@@ -15,6 +15,7 @@ module, a script) is shipped by value (cloudpickle).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -75,51 +76,59 @@ def _check_reachable(address: str) -> None:
                                    f"({getattr(exc, 'strerror', None) or exc})") from None
 
 
-def run(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]], None], *,
-        workers: int | None = None, address: str | None = None, max_retries: int = 3) -> None:
-    """Evaluate every chunk as a Ray task, handing each chunk's records to
-    `on_records` (in this process) as it completes."""
+@contextlib.contextmanager
+def session(workers: int | None = None, address: str | None = None):
+    """Ray, connected: to the cluster at `address`, or to a local instance of
+    `workers` CPUs started here and shut down on exit; a Ray the caller has
+    already initialised is used as it is."""
     ray = _ray()
-    started = False
-    if not ray.is_initialized():
-        opts = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        try:
-            if address:
-                _check_reachable(address)
-                ray.init(address=address, **opts)
-            else:
-                ray.init(num_cpus=workers or os.cpu_count() or 1, **opts)
-        except InvalidArgumentError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Ray's own errors are many
-            where = f"at {address}" if address else "(a local one)"
-            raise InvalidArgumentError(f"cannot start or reach the Ray cluster {where}: "
-                                       f"{candidate.one_line(exc)}") from None
-        started = True
+    if ray.is_initialized():
+        yield ray
+        return
+    opts = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
-        _ship_by_value(ray, state["factory"])
-        remote = ray.remote(num_cpus=1, max_retries=max_retries)(_task)
-        state_ref = ray.put(state)
-        cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
-        cap = max(1, IN_FLIGHT_PER_CPU * cpus)
-        pending = list(range(len(chunks)))[::-1]
-        running: dict = {}
-        while pending or running:
-            while pending and len(running) < cap:
-                c = pending.pop()
-                running[remote.remote(state_ref, chunks[c])] = c
-            ready, _ = ray.wait(list(running), num_returns=1)
-            for ref in ready:
-                c = running.pop(ref)
-                try:
-                    recs = ray.get(ref)
-                except ray.exceptions.WorkerCrashedError:
-                    recs = candidate.dead_worker_records(state, chunks[c], max_retries + 1)
-                except ray.exceptions.RayError as exc:
-                    msg = f"Ray task failed: {candidate.one_line(exc)}"
-                    recs = [{"key": state["keys"][i], "config": state["configs"][i],
-                             "status": "failed", "error": msg} for i in chunks[c]]
-                on_records(recs)
+        if address:
+            _check_reachable(address)
+            ray.init(address=address, **opts)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count() or 1, **opts)
+    except InvalidArgumentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray's own errors are many
+        where = f"at {address}" if address else "(a local one)"
+        raise InvalidArgumentError(f"cannot start or reach the Ray cluster {where}: "
+                                   f"{candidate.one_line(exc)}") from None
+    try:
+        yield ray
     finally:
-        if started:
-            ray.shutdown()
+        ray.shutdown()
+
+
+def run(state: dict, chunks: list[list[int]], on_records: Callable[[list[dict]], None], *,
+        max_retries: int = 3) -> None:
+    """Evaluate every chunk as a Ray task (inside a `session`), handing each
+    chunk's records to `on_records` (in this process) as it completes."""
+    ray = _ray()
+    _ship_by_value(ray, state["factory"])
+    remote = ray.remote(num_cpus=1, max_retries=max_retries)(_task)
+    state_ref = ray.put(state)
+    cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
+    cap = max(1, IN_FLIGHT_PER_CPU * cpus)
+    pending = list(range(len(chunks)))[::-1]
+    running: dict = {}
+    while pending or running:
+        while pending and len(running) < cap:
+            c = pending.pop()
+            running[remote.remote(state_ref, chunks[c])] = c
+        ready, _ = ray.wait(list(running), num_returns=1)
+        for ref in ready:
+            c = running.pop(ref)
+            try:
+                recs = ray.get(ref)
+            except ray.exceptions.WorkerCrashedError:
+                recs = candidate.dead_worker_records(state, chunks[c], max_retries + 1)
+            except ray.exceptions.RayError as exc:
+                msg = f"Ray task failed: {candidate.one_line(exc)}"
+                recs = [{"key": state["keys"][i], "config": state["configs"][i],
+                         "status": "failed", "error": msg} for i in chunks[c]]
+            on_records(recs)
