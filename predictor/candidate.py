@@ -62,13 +62,19 @@ _MEMO: "OrderedDict[str, Any]" = OrderedDict()  # fingerprint -> Graph, per work
 _MEMO_SIZE = 16
 
 
-def _build(factory: Callable, config: dict):
-    """(model, inputs) from factory(**config), under a FakeTensorMode (no real memory)."""
+def _build(factory: Callable, config: dict, device: str | None = "meta"):
+    """(model, inputs) from factory(**config) with tensors on the meta device
+    (no memory, no initialisation compute); device=None builds them under a
+    FakeTensorMode instead."""
+    import contextlib
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    where = torch.device(device) if device else FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with where if device else contextlib.nullcontext(), \
+                contextlib.nullcontext() if device else where:
             built = factory(**config)
     except PredictorError:
         raise
@@ -80,9 +86,23 @@ def _build(factory: Callable, config: dict):
     return built
 
 
+def _trace(factory: Callable, config: dict, model, inputs, settings: Settings):
+    """Trace the module built on the meta device; a model that cannot be traced
+    from there (a forward that mixes in tensors it makes itself) is traced
+    from the factory, called again under the tracer's own fake mode."""
+    import predictor
+
+    try:
+        return predictor.trace(model, inputs, optimizer=settings.optimizer, mode=settings.mode,
+                               name="candidate")
+    except PredictorError:
+        return predictor.trace(lambda: _build(factory, config, None),
+                               optimizer=settings.optimizer, mode=settings.mode,
+                               name="candidate")
+
+
 def _graph(factory: Callable, config: dict, settings: Settings, graph_dir: str | None):
     """(Graph, where it came from: 'traced' | 'memory' | 'disk')."""
-    import predictor
     from predictor import cache, fingerprint
 
     model, inputs = _build(factory, config)
@@ -99,8 +119,7 @@ def _graph(factory: Callable, config: dict, settings: Settings, graph_dir: str |
             if g is not None:
                 _remember(fp, g)
                 return g, "disk"
-    g = predictor.trace(lambda: _build(factory, config), optimizer=settings.optimizer,
-                        mode=settings.mode, name="candidate")
+    g = _trace(factory, config, model, inputs, settings)
     if fp is not None:
         _remember(fp, g)
         if graph_dir is not None:
@@ -115,29 +134,32 @@ def _remember(fp: str, g) -> None:
 
 
 def _rows(graph, settings: Settings) -> list[dict]:
-    from predictor import design_search, hardware
+    """A row per (GPU, batch size) from one engine sweep of the graph."""
+    from predictor import engine, hardware
 
-    prices = dict(settings.prices)
     batches = [graph.batch_size] if settings.batch_sizes is None else list(settings.batch_sizes)
-    res = design_search.search(graph, objective="throughput", gpus=list(settings.gpus),
-                               batch_sizes=batches, max_memory_fraction=1.0,
-                               prices=prices or None, dtype=settings.dtype,
-                               tf32_matmul=settings.tf32_matmul)
-    caps = {g.id: g.memory_gb for g in hardware.database().resolve(list(settings.gpus))}
-    flops = {}
+    res = engine.sweep(graph, list(settings.gpus), batches, dtype=settings.dtype,
+                       tf32_matmul=settings.tf32_matmul, max_memory_fraction=1.0)
+    chosen = hardware.database().resolve(res.gpus)
+    prices = dict(settings.prices)
+    ms = res.iteration_ms
+    mem = res.memory_gb if res.memory_bytes is not None else None
     rows = []
-    for rec in res.table.to_dict(orient="records"):
-        b = int(rec["batch_size"])
-        if b not in flops:
-            flops[b] = float(sum(graph.flops(b).values()))
-        ms, thr = float(rec["iteration_ms"]), float(rec["samples_per_s"])
-        if not (math.isfinite(ms) and ms > 0 and math.isfinite(thr) and thr > 0):
-            raise InvalidArgumentError(f"non-finite prediction on {rec['gpu']} at batch {b}")
-        rows.append({
-            "gpu": rec["gpu"], "batch_size": b, "iteration_ms": ms, "samples_per_s": thr,
-            "memory_gb": _num(rec["memory_gb"]), "memory_capacity_gb": caps[rec["gpu"]],
-            "usd_per_hour": _num(rec["usd_per_hour"]), "flops": flops[b],
-        })
+    for bi, b in enumerate(res.batch_sizes):
+        b = int(b)
+        flops = float(sum(graph.flops(b).values()))
+        for gi, g in enumerate(chosen):
+            t = float(ms[gi, bi])
+            thr = b / (t / 1e3)
+            if not (math.isfinite(t) and t > 0 and math.isfinite(thr) and thr > 0):
+                raise InvalidArgumentError(f"non-finite prediction on {g.id} at batch {b}")
+            price = prices.get(g.id, g.price_per_hour)
+            rows.append({
+                "gpu": g.id, "batch_size": b, "iteration_ms": t, "samples_per_s": thr,
+                "memory_gb": None if mem is None else _num(mem[gi, bi]),
+                "memory_capacity_gb": float(g.memory_gb),
+                "usd_per_hour": None if price is None else _num(price), "flops": flops,
+            })
     return rows
 
 
