@@ -86,6 +86,11 @@ SET_OPT_DTYPE = (
     "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
     "sum.dim_IntList",
 )
+# softmax/log_softmax with dtype=float32 on an fp16 input: on CUDA, one kernel
+# with half_to_float=True (aten/src/ATen/native/SoftMax.cpp); a bf16 input is
+# converted to fp32 first.
+HALF_TO_FLOAT = {"softmax.int": torch.ops.aten._softmax.default,
+                 "log_softmax.int": torch.ops.aten._log_softmax.default}
 # norm without a dtype argument: CUDA calls the overload that takes one, with fp32.
 APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype",
                 "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
@@ -191,6 +196,14 @@ class CudaAutocast:
                 if rule == "lower":
                     args, kwargs = self._cast(args, self.dtype), {
                         k: self._cast(v, self.dtype) for k, v in kwargs.items()}
+                    if name in LOWER_CUDA_BUILD and self.dtype == torch.float16:
+                        # The CPU has no fp16 LSTM layer kernel to trace (oneDNN's
+                        # needs AMX-FP16 and no grad): trace the bf16 one, which
+                        # has the same shapes and element width, through free
+                        # bitcast views, so the graph keeps fp16 around it.
+                        return _bitcast(op(*_bitcast(args, torch.bfloat16),
+                                           **_bitcast(kwargs, torch.bfloat16)),
+                                        torch.float16)
                 elif rule == "fp32":
                     args, kwargs = self._cast(args, torch.float32), {
                         k: self._cast(v, torch.float32) for k, v in kwargs.items()}
@@ -202,6 +215,13 @@ class CudaAutocast:
                     if args and _eligible(args[0]):
                         given = (args[dtype_pos] if not dtype_kwarg_only
                                  and len(args) > dtype_pos else kwargs.get("dtype"))
+                        if given is None and name in HALF_TO_FLOAT \
+                                and args[0].dtype == torch.float16:
+                            # CUDA's softmax(x, dim, dtype=float32) on fp16 runs one
+                            # kernel that reads fp16 and writes fp32 (half_to_float):
+                            # no cast (the CPU decomposition would record one).
+                            dim = args[1] if len(args) > 1 else kwargs["dim"]
+                            return HALF_TO_FLOAT[name](args[0], dim, True)
                         if given is None:
                             if not dtype_kwarg_only and len(args) > dtype_pos:
                                 args = args[:dtype_pos] + (torch.float32,) + args[dtype_pos + 1:]
@@ -257,6 +277,31 @@ class CudaAutocast:
                 yield
             finally:
                 self._cache.clear()
+
+
+class _Bitcast(torch.autograd.Function):
+    """A same-width dtype view (no kernel) whose gradient is the view back."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.src = x.dtype
+        return x.view(dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.view(ctx.src), None
+
+
+def _bitcast(x: Any, dtype: torch.dtype) -> Any:
+    """Floating 2-byte tensors in `x` (nested lists, tuples, dicts) viewed as `dtype`."""
+    if isinstance(x, dict):
+        return {k: _bitcast(v, dtype) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_bitcast(i, dtype) for i in x)
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) \
+            and x.dtype != dtype:
+        return _Bitcast.apply(x, dtype)
+    return x
 
 
 def _has_op(name: str) -> bool:

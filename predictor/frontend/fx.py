@@ -387,12 +387,8 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
             and str(model).lower().endswith(".onnx"):
         # An ONNX file: its own frontend (loss_fn names a loss: "mean" or "cross_entropy").
         from predictor.frontend.onnx import trace_onnx
-        if amp is not None:
-            raise InvalidArgumentError(
-                "amp= is not supported for ONNX graphs yet; trace the PyTorch model, or export "
-                "the ONNX file in the precision you train in")
         return trace_onnx(model, batch_size=batch_size, seq_len=seq_len, mode=mode,
-                          optimizer=optimizer, loss=loss_fn or "mean", name=name)
+                          optimizer=optimizer, loss=loss_fn or "mean", name=name, amp=amp)
     spec = _spec_for(model, example_inputs, loss_fn, batch_dim, batch_size, seq_len, name)
     _check_positive(spec.batch_size, "batch size")
     start = time.perf_counter()

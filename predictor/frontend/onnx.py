@@ -58,13 +58,14 @@ from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.io import printable
 from predictor.limits import check_batch_size, check_seq_len
 from predictor.families import TensorMeta
-from predictor.frontend import optimizers
+from predictor.frontend import autocast, optimizers
 from predictor.frontend import training_synthesis as synthesis
 from predictor.frontend.training_synthesis import Call
 from predictor.frontend.onnx_load import (
     OnnxValue, _ShapeFailure, _bind_inputs, _infer, _node_label, _one_line, _opsets,
     _topological, load,
 )
+from predictor.frontend.onnx_autocast import OnnxAutocast
 from predictor.frontend.onnx_ops import (
     ACT, META, ONNX_OPS, PARAM, _VIEWS, _Ctx, _diff_inputs, _erf_gelus, _Fwd, _host,
     _sdpa_attentions, _unsupported,
@@ -188,9 +189,12 @@ class _Lowered:
 
 
 def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str, OnnxValue],
-           p: Path, *, train: bool, optimizer: str | None, loss: str) -> _Lowered:
+           p: Path, *, train: bool, optimizer: str | None, loss: str,
+           amp: str | None = None) -> _Lowered:
     graph = model.graph
     kinds = _classify(nodes, graph, values)
+    # Mixed precision: the forward calls under CUDA's autocast policy (casts as calls).
+    policy = OnnxAutocast(amp, values, kinds) if amp is not None else None
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in nodes:
         for i in node.input:
@@ -206,6 +210,8 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
 
     def passthrough(node: onnx.NodeProto, inputs: list[int]) -> None:
         edges.append((tuple(node.input[i] for i in inputs), (node.output[0],)))
+        if policy is not None and inputs:
+            policy.view(node.input[inputs[0]], node.output[0])
 
     gelu = _erf_gelus(nodes, ctx)
     attention = _sdpa_attentions(nodes, ctx)
@@ -271,6 +277,8 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
                 if node.input and node.input[0]:
                     passthrough(node, [0])
                 continue
+        if policy is not None:
+            mapped = [g for f in mapped for g in policy.apply(f)]
         for f in mapped:
             edges.append((tuple(_flat_sources(f.sources)), tuple(f.outputs)))
         fwd.extend(mapped)
@@ -314,8 +322,19 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
             contrib.update(ins)
     grad = requires & contrib
 
-    loss_fwd, loss_bwd = synthesis.loss_calls([ctx.t(o) for o in loss_outputs], loss) \
+    loss_metas = [ctx.t(o) for o in loss_outputs]
+    if policy is not None:  # the outputs in the dtypes autocast left them in
+        loss_metas = [TensorMeta(t.shape, policy.dtype_of(o, t))
+                      for o, t in zip(loss_outputs, loss_metas)]
+    loss_fwd, loss_bwd = synthesis.loss_calls(loss_metas, loss, autocast=policy is not None) \
         if loss_outputs else ([], [])
+    scaling = amp == "fp16" and bool(loss_fwd)
+    if scaling:  # GradScaler: the loss times the scale, and its backward
+        scalar = families.tensors(loss_fwd[-1].out)[0]
+        loss_fwd.append(Call(aten.mul.Tensor, (scalar, TensorMeta((), torch.float32)),
+                             out=scalar))
+        loss_bwd.insert(1, Call(aten.mul.Tensor, (scalar, TensorMeta((), torch.float32)),
+                                out=scalar))
     backward: list[Call] = list(loss_bwd)
     host_bwd = views + (1 if loss == "mean" and loss_bwd else 0)  # the mean's expand
     for f in reversed(fwd):
@@ -336,6 +355,9 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
             backward.extend([Call(aten.add.Tensor, (t, t), out=t)] * (k - 1))
     trainable = sorted(n for n in diff_params if n in grad)
     opt = synthesis.optimizer_calls([ctx.t(n) for n in trainable], optimizer)
+    if scaling and trainable:
+        unscale, update = synthesis.grad_scaler_calls([ctx.t(n) for n in trainable])
+        opt = unscale + opt + update
     n_train = sum(values[n].numel for n in trainable)
     host = [host_fwd + len(loss_fwd), host_bwd + len(backward), len(opt)]
     return _Lowered(forward + loss_fwd, backward, opt, unsupported, n_params, n_train, n_bytes,
@@ -453,7 +475,8 @@ def _table(phases: list[list[Call]], sentinel: int | None, batch: int, p: Path
 
 def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int | None = None,
                mode: str = "train", optimizer: str | None = "adam", loss: str = "mean",
-               dims: dict[str, int] | None = None, name: str | None = None) -> Graph:
+               dims: dict[str, int] | None = None, name: str | None = None,
+               amp: str | None = None) -> Graph:
     """Build a Graph from an ONNX file (see the module docstring).
 
     batch_size: the batch to report and check (default: the file's fixed batch,
@@ -463,11 +486,15 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
     mode: "train" synthesises loss, backward and optimizer; "inference" does not.
     loss: "mean" (of the first output, the fx frontend's default) or
         "cross_entropy" (one per floating output, over its last dim).
+    amp: "bf16" or "fp16": the step as ``torch.autocast("cuda", dtype)`` runs
+        the fp32 model (predictor.frontend.onnx_autocast; fp16 adds the
+        GradScaler's kernels); None: every op in the file's own dtypes.
     """
     start = time.perf_counter()
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
     optimizer = optimizers.check(optimizer) if mode == "train" else None
+    amp = autocast.check(amp)
     if batch_size is not None:
         batch_size = check_batch_size(batch_size)
     if seq_len is not None:
@@ -503,8 +530,17 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
                 f"{p}: the model only runs at batch {batch} (its shapes do not scale with the "
                 "batch); export it with a dynamic batch axis (torch.onnx.export(..., "
                 "dynamic_axes={'input': {0: 'batch'}})) to predict other batch sizes")
+    if amp is not None:
+        halves = sorted({onnx.TensorProto.DataType.Name(i.data_type) for i in
+                         model.graph.initializer if i.data_type in (
+                             onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)})
+        if halves:
+            raise InvalidArgumentError(
+                f"{p}: amp={amp!r} applies to an fp32 model, and this file holds "
+                f"{'/'.join(halves)} weights (exported in half precision); trace it without "
+                "amp, or export the fp32 model")
     lowered = _lower(model, nodes, values, p, train=mode == "train", optimizer=optimizer,
-                     loss=loss)
+                     loss=loss, amp=amp)
     table, scalable = _table([lowered.forward, lowered.backward, lowered.optimizer], sentinel,
                              batch, p)
     graph = Graph(
@@ -512,7 +548,7 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
         seq_len=seq_len, parameters=lowered.params, trainable_parameters=lowered.trainable,
         parameter_bytes=lowered.param_bytes, unsupported=dict(lowered.unsupported),
         batch_scalable=scalable and sentinel is not None,
-        trace_seconds=time.perf_counter() - start, torch_version=torch.__version__)
+        trace_seconds=time.perf_counter() - start, torch_version=torch.__version__, amp=amp)
     _set_host_ops(graph, lowered)
     graph = check_graph(graph, str(p))  # what the kernels can take, or a clear error
     # One-line notes the CLI prints (as the fx frontend's graph.notes).

@@ -503,11 +503,15 @@ def _expand_bwd(call: Call, needs: tuple) -> list[Call]:
 LOSSES = ("mean", "cross_entropy")
 
 
-def loss_calls(outputs: list[TensorMeta], loss: str) -> tuple[list[Call], list[Call]]:
+def loss_calls(outputs: list[TensorMeta], loss: str,
+               autocast: bool = False) -> tuple[list[Call], list[Call]]:
     """(forward calls, backward calls) of a scalar loss over a model's outputs,
     as the fx frontend traces them: "mean" is the mean of the first output
     (its default loss); "cross_entropy" sums class-index cross entropies, one
-    per floating output, over its last dim (flattened, like token_loss)."""
+    per floating output, over its last dim (flattened, like token_loss).
+    `autocast`: under CUDA's autocast policy, where log_softmax writes fp32
+    whatever its input (``dtype=torch.float32``) and nll_loss runs in fp32;
+    the mean runs in its input's dtype, as autocast leaves it."""
     if loss not in LOSSES:
         raise InvalidArgumentError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     floats = [t for t in outputs if t.dtype.is_floating_point] or list(outputs)
@@ -521,18 +525,24 @@ def loss_calls(outputs: list[TensorMeta], loss: str) -> tuple[list[Call], list[C
         fwd.append(Call(aten.mean.default, (y,), out=scalar))
         bwd.append(Call(aten.div.Scalar, (y, 1), out=y))
         return fwd, bwd
+    if autocast:
+        scalar = TensorMeta((), torch.float32)
+        bwd = [Call(aten.ones_like.default, (scalar,), out=scalar)]
     for y in floats:
         classes = y.shape[-1] if y.shape else 1
         rows = max(y.numel // max(classes, 1), 1)
-        flat = TensorMeta((rows, classes), y.dtype)
+        flat_in = TensorMeta((rows, classes), y.dtype)
+        flat = TensorMeta((rows, classes), torch.float32) if autocast else flat_in
         target = TensorMeta((rows,), torch.int64)
         fwd += [Call(aten.zeros.default, ([rows],), out=target),
-                Call(aten._log_softmax.default, (flat, 1, False), out=flat),
+                Call(aten._log_softmax.default, (flat_in, 1, autocast and y.dtype != flat.dtype),
+                     out=flat),
                 Call(aten.nll_loss_forward.default, (flat, target, None, 1, -100),
                      out=(scalar, scalar))]
         bwd += [Call(aten.nll_loss_backward.default, (scalar, flat, target, None, 1, -100, scalar),
                      out=flat),
-                Call(aten._log_softmax_backward_data.default, (flat, flat, 1, y.dtype), out=flat)]
+                Call(aten._log_softmax_backward_data.default, (flat, flat, 1, y.dtype),
+                     out=flat_in)]
     fwd += [Call(aten.add.Tensor, (scalar, scalar), out=scalar)] * (len(floats) - 1)
     return fwd, bwd
 
@@ -569,6 +579,41 @@ def optimizer_calls(params: list[TensorMeta], optimizer: str | None) -> list[Cal
     with Recorder():
         optimizers.step(name, ps, grads, state)
     return recorded
+
+
+def grad_scaler_calls(params: list[TensorMeta]) -> tuple[list[Call], list[Call]]:
+    """fp16 autocast's ``GradScaler`` after backward, as the fx frontend traces
+    it (``predictor.frontend.autocast``): (the unscale of every gradient, before
+    the optimizer step; the scale update, after it). The loss scale itself is
+    one multiply the caller adds to the loss."""
+    from predictor.frontend import autocast as amp
+
+    recorded: list[Call] = []
+
+    def as_t(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return TensorMeta(tuple(int(d) for d in x.shape), x.dtype)
+        if isinstance(x, (list, tuple)):
+            return [as_t(i) for i in x] if isinstance(x, list) else tuple(as_t(i) for i in x)
+        return x
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            recorded.append(Call(func, as_t(tuple(args)), tuple(sorted(
+                (k, as_t(v)) for k, v in kwargs.items())), as_t(out)))
+            return out
+
+    grads = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p in params]
+    scale, growth = (t.to("meta") for t in amp.scaler_state())
+    with Recorder():
+        found_inf = amp.unscale(grads, scale)
+    unscale = list(recorded)
+    recorded.clear()
+    with Recorder():
+        amp.update_scale(scale, growth, found_inf)
+    return unscale, list(recorded)
 
 
 def optimizer_rows(params: list[TensorMeta], optimizer: str | None) -> list[Row]:
