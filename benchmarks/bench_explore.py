@@ -14,14 +14,20 @@ Two spaces:
 
 Wall time covers the whole ``explore`` call (pool start, the parent's warm-up,
 streaming part files into a fresh folder), not Ray's start, which is printed
-on its own. On a shared machine the figures move with other processes' load;
-the load average is printed with them.
+on its own. CPU ms per candidate (local) counts this process and the pool's
+workers. On a shared machine wall times move with other processes' load (the
+load average is printed with them); with the kernel's autogroup scheduling
+(``/proc/sys/kernel/sched_autogroup_enabled``) a busy machine gives this
+session's processes one share together, so a second local worker then adds
+little wall-clock speed while Ray's workers, started in their own sessions by
+the raylet, get shares of their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
 
@@ -55,13 +61,21 @@ def shared_space(n: int) -> Space:
     return Space(cnn, [{"depth": 3, "width": 32, "tag": i} for i in range(n)])
 
 
-def timed(space: Space, **kw) -> tuple[float, object]:
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the local pool's
+    workers are joined when explore returns)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(space: Space, **kw) -> tuple[float, float]:
+    """(wall s, CPU s of this process and the pool) of one explore call."""
     with tempfile.TemporaryDirectory() as out:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _cpu_s()
         res = explore(space, gpus=GPUS, batch_sizes=BATCHES, out=out, **kw)
-        wall = time.perf_counter() - t
+        wall, cpu = time.perf_counter() - t, _cpu_s() - c
     assert res.failed == 0 and res.computed == len(space), res
-    return wall, res
+    return wall, cpu
 
 
 def main(argv=None) -> None:
@@ -75,19 +89,26 @@ def main(argv=None) -> None:
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
           f"{len(GPUS)} GPUs x {len(BATCHES)} batch sizes per candidate")
     print(f"{'executor':<10} {'workers':>7} {'space':<9} {'candidates':>10} {'wall s':>8} "
-          f"{'cand/s':>8} {'ms/cand':>8}")
+          f"{'cand/s':>8} {'ms/cand':>8} {'CPU ms/cand':>11}")
     rows = {}
 
-    def report(executor, workers, name, n, wall):
+    def report(executor, workers, name, n, wall, cpu):
         rows[(executor, workers, name)] = wall / n
+        # Ray's workers are not this process's children: their CPU is not counted.
+        cpu_text = f"{1e3 * cpu / n:>11.1f}" if executor == "local" else f"{'-':>11}"
         print(f"{executor:<10} {workers:>7} {name:<9} {n:>10} {wall:>8.2f} {n / wall:>8.2f} "
-              f"{1e3 * wall / n:>8.1f}", flush=True)
+              f"{1e3 * wall / n:>8.1f} {cpu_text}", flush=True)
 
+    # The parent's one-off warm-up (tracer imports, numba kernels), which
+    # every later pool inherits, as Ray's warm-up below.
+    t = time.perf_counter()
+    timed(shared_space(2), workers=1)
+    print(f"local warm-up (first call in this process): {time.perf_counter() - t:.2f} s")
     for w in counts:
         for name, space in (("distinct", distinct_space(args.candidates)),
                             ("shared", shared_space(args.shared))):
-            wall, _ = timed(space, workers=w)
-            report("local", w, name, len(space), wall)
+            wall, cpu = timed(space, workers=w)
+            report("local", w, name, len(space), wall, cpu)
     if len(counts) > 1 and ("local", 1, "distinct") in rows:
         one = rows[("local", 1, "distinct")]
         for w in counts[1:]:
@@ -107,8 +128,8 @@ def main(argv=None) -> None:
                                 ("shared", shared_space(args.shared))):
                 # The shared space's network is already in the workers' memo
                 # after the warm-up, as in the local runs after their first trace.
-                wall, _ = timed(space, executor="ray")
-                report("ray", w, name, len(space), wall)
+                wall, cpu = timed(space, executor="ray")
+                report("ray", w, name, len(space), wall, cpu)
         finally:
             ray.shutdown()
         if ("local", w, "shared") in rows:

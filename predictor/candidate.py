@@ -188,22 +188,31 @@ _WARM: list[bool] = []
 
 
 def warm_up(settings: Settings) -> None:
-    """Import the tracer and load the numba kernels once, by tracing and
-    sweeping a one-layer model: forked workers then start warm (seconds each
-    otherwise). Once per process."""
+    """Import the tracer, load the numba kernels and take the first-call paths
+    of common layers (convolution, batch and layer norm, linear, attention) once,
+    by tracing and sweeping two tiny models: forked workers then start warm
+    (each would otherwise spend seconds on the same). Once per process."""
     if _WARM:
         return
     _WARM.append(True)
     import torch
 
-    def tiny():
-        return torch.nn.Sequential(torch.nn.Linear(4, 4)), (torch.zeros(2, 4),)
+    def cnn():
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+            torch.nn.Linear(4, 4)), (torch.zeros(2, 3, 8, 8),)
 
-    try:
-        graph, _ = _graph(tiny, {}, settings, None)
-        _rows(graph, settings)
-    except Exception:  # noqa: BLE001 - only an optimisation
-        pass
+    def encoder():
+        return torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), \
+            (torch.zeros(2, 4, 8),)
+
+    for tiny in (cnn, encoder):
+        try:
+            graph, _ = _graph(tiny, {}, settings, None)
+            _rows(graph, settings)
+        except Exception:  # noqa: BLE001 - only an optimisation
+            pass
     _MEMO.clear()
 
 

@@ -21,9 +21,10 @@ Where work goes:
   the ``[ray]`` extra). A worker that dies is retried (``max_retries``); a
   candidate that fails is recorded with its one-line error, and the run goes on.
 - ``out``: records stream into ``out/parts/part-*.jsonl`` files, each written
-  atomically (``predictor.io``), a file every ``flush_every`` candidates or
-  ``flush_seconds``. A run killed at any point loses at most the records not
-  yet flushed: the same call (or CLI command) again reads what is there and
+  atomically (``predictor.io``), a file every ``flush_seconds`` (2 s) or
+  ``flush_every`` candidates (4,096), whichever comes first; many files are
+  merged into one when a run starts. A run killed at any point loses at most
+  the records not yet flushed: the same call (or CLI command) again reads what is there and
   computes only the missing candidates. A candidate is identified by a hash of
   its config, the factory's name and source, the settings that change its
   numbers (GPUs, batch sizes, dtype, mode, optimizer, prices) and the
@@ -206,7 +207,7 @@ def candidate_keys(space: Space, settings: Settings) -> list[str]:
 class PartWriter:
     """Buffers records and writes them as atomically written JSONL part files."""
 
-    def __init__(self, out: Path | None, flush_every: int = 32, flush_seconds: float = 2.0):
+    def __init__(self, out: Path | None, flush_every: int = 4096, flush_seconds: float = 2.0):
         self.dir = None if out is None else Path(out) / PARTS
         self.flush_every, self.flush_seconds = flush_every, flush_seconds
         self.buffer: list[dict] = []
@@ -237,14 +238,16 @@ class PartWriter:
         self.buffer = []
 
 
-def read_parts(out: str | Path) -> dict[str, dict]:
+def _part_files(out: str | Path) -> list[Path]:
+    folder = Path(out) / PARTS
+    return sorted(folder.glob("part-*.jsonl")) if folder.is_dir() else []
+
+
+def read_parts(out: str | Path, files: list[Path] | None = None) -> dict[str, dict]:
     """Every record under `out` by key; a later file's record replaces an
     earlier one's, except that a failure never replaces a success."""
-    folder = Path(out) / PARTS
     found: dict[str, dict] = {}
-    if not folder.is_dir():
-        return found
-    for path in sorted(folder.glob("part-*.jsonl")):
+    for path in (_part_files(out) if files is None else files):
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError):
@@ -261,6 +264,31 @@ def read_parts(out: str | Path) -> dict[str, dict]:
                 continue
             found[rec["key"]] = rec
     return found
+
+
+# Part files beyond this are merged into one when a run starts.
+COMPACT_ABOVE = 256
+
+
+def compact(out: str | Path) -> dict[str, dict]:
+    """Read every record under `out`; when there are many part files, write
+    them as one (atomically) and then remove the files it replaces. A kill
+    between the two leaves duplicates, which reading resolves."""
+    files = _part_files(out)
+    records = read_parts(out, files)
+    if len(files) > COMPACT_ABOVE and records:
+        from predictor.io import atomic_write_text
+
+        name = f"part-{time.time_ns():020d}-{os.getpid()}-compact.jsonl"
+        atomic_write_text(Path(out) / PARTS / name, "".join(
+            json.dumps(r, allow_nan=False, separators=(",", ":")) + "\n"
+            for r in records.values()))
+        for f in files:
+            try:
+                f.unlink()
+            except OSError:
+                pass
+    return records
 
 
 # ----------------------------------------------------------------- result --
@@ -405,7 +433,7 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
             mode: str = "train", optimizer: str | None = "adam", dtype: str | None = None,
             tf32_matmul: bool | None = None, prices: Mapping[str, float] | None = None,
             chunk_size: int = 1, max_retries: int = 3, retry_failed: bool = False,
-            flush_every: int = 32, flush_seconds: float = 2.0,
+            flush_every: int = 4096, flush_seconds: float = 2.0,
             progress: bool = False) -> ExploreResult:
     """Trace and sweep every candidate of `space` (see the module doc).
 
@@ -460,7 +488,7 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
 
     start = time.perf_counter()
     keys = candidate_keys(space, settings)
-    done = read_parts(out_path) if out_path is not None else {}
+    done = compact(out_path) if out_path is not None else {}
     wanted = set(keys)
     todo = [i for i, k in enumerate(keys)
             if k not in done or (retry_failed and done[k].get("status") != "ok")]

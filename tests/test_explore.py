@@ -220,6 +220,20 @@ def test_a_killed_worker_is_retried_and_every_candidate_arrives_once(tmp_path):
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 4
 
 
+def test_many_part_files_are_merged_when_a_run_starts(tmp_path, monkeypatch):
+    from predictor import exploration
+
+    space = Space(mlp, [{"depth": d} for d in (1, 2, 3)] + [{"fail": True}])
+    first = explore(space, gpus=["T4"], batch_sizes=[8], workers=1, out=tmp_path, flush_every=1)
+    assert len(list((tmp_path / PARTS).glob("part-*.jsonl"))) == 4  # one per candidate
+    monkeypatch.setattr(exploration, "COMPACT_ABOVE", 2)
+    again = explore(space, gpus=["T4"], batch_sizes=[8], workers=1, out=tmp_path)
+    assert again.computed == 0 and again.failed == 1
+    files = list((tmp_path / PARTS).glob("part-*.jsonl"))
+    assert len(files) == 1 and sorted(part_keys(tmp_path)) == sorted(read_parts(tmp_path))
+    assert again.to_pandas().equals(first.to_pandas())
+
+
 def test_a_candidate_that_always_kills_its_worker_is_recorded(tmp_path):
     space = Space(lambda **c: always_dies() if c.get("die") else mlp(**c),
                   [{"depth": 1}, {"die": True}, {"depth": 2}])
