@@ -3,6 +3,7 @@
     python -m benchmarks.bench_explore                 # local executor, 1 and 2 workers
     python -m benchmarks.bench_explore --ray           # and Ray (the [ray] extra)
     python -m benchmarks.bench_explore --candidates 48 --workers 1,2,4
+    python -m benchmarks.bench_explore --driver        # the driver's cost per candidate
 
 Two spaces:
 
@@ -78,13 +79,48 @@ def timed(space: Space, **kw) -> tuple[float, float]:
     return wall, cpu
 
 
+def driver_costs(n: int = 20_000) -> None:
+    """The driver's own work per candidate, on synthetic records of 9 rows:
+    writing part files, reading them back (a resume), ranking the table."""
+    from predictor.exploration import PartWriter, build_table, read_parts
+
+    rows = [{"gpu": g, "batch_size": b, "iteration_ms": 1.2, "samples_per_s": 1e3,
+             "memory_gb": 1.2, "memory_capacity_gb": 16.0, "usd_per_hour": 0.5, "flops": 1e9}
+            for g in GPUS for b in BATCHES]
+    recs = [{"key": f"{i:032x}", "config": {"depth": 3, "width": 32, "kernel": 3},
+             "status": "ok", "params": 12345, "graph": "traced", "rows": rows, "seconds": 0.1,
+             "pid": 1} for i in range(n)]
+    with tempfile.TemporaryDirectory() as d:
+        w = PartWriter(d)
+        t = time.perf_counter()
+        for r in recs:
+            w.add([r])
+        w.flush()
+        write = time.perf_counter() - t
+        t = time.perf_counter()
+        assert len(read_parts(d)) == n
+        read = time.perf_counter() - t
+    t = time.perf_counter()
+    build_table(recs, "throughput", {}, 0.9)
+    rank = time.perf_counter() - t
+    total = write + read + rank
+    print(f"driver, per candidate ({n:,} synthetic records of {len(rows)} rows): write "
+          f"{1e6 * write / n:.0f} us, read back {1e6 * read / n:.0f} us, rank "
+          f"{1e6 * rank / n:.0f} us; {n / total:,.0f} candidates/s on one core")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--candidates", type=int, default=24, help="distinct candidates (<= 96)")
     ap.add_argument("--shared", type=int, default=200, help="candidates of the shared space")
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     ap.add_argument("--ray", action="store_true", help="also time the Ray executor")
+    ap.add_argument("--driver", action="store_true",
+                    help="only the driver's own cost per candidate (synthetic records)")
     args = ap.parse_args(argv)
+    if args.driver:
+        driver_costs()
+        return
     counts = [int(w) for w in args.workers.split(",")]
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
           f"{len(GPUS)} GPUs x {len(BATCHES)} batch sizes per candidate")
