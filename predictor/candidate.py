@@ -87,25 +87,34 @@ def _build(factory: Callable, config: dict, device: str | None = "meta"):
 
 
 def _trace(factory: Callable, config: dict, model, inputs, settings: Settings):
-    """Trace the module built on the meta device; a model that cannot be traced
-    from there (a forward that mixes in tensors it makes itself) is traced
-    from the factory, called again under the tracer's own fake mode."""
+    """Trace the module built on the meta device (`model`; None when it could
+    not be built there); a model that cannot be traced from there (a forward
+    that mixes in tensors it makes itself) is traced from the factory, called
+    again under the tracer's own fake mode."""
     import predictor
 
     try:
-        return predictor.trace(model, inputs, optimizer=settings.optimizer, mode=settings.mode,
-                               name="candidate")
+        if model is not None:
+            return predictor.trace(model, inputs, optimizer=settings.optimizer,
+                                   mode=settings.mode, name="candidate")
     except PredictorError:
-        return predictor.trace(lambda: _build(factory, config, None),
-                               optimizer=settings.optimizer, mode=settings.mode,
-                               name="candidate")
+        pass
+    return predictor.trace(lambda: _build(factory, config, None),
+                           optimizer=settings.optimizer, mode=settings.mode, name="candidate")
 
 
 def _graph(factory: Callable, config: dict, settings: Settings, graph_dir: str | None):
     """(Graph, where it came from: 'traced' | 'memory' | 'disk')."""
     from predictor import cache, fingerprint
 
-    model, inputs = _build(factory, config)
+    try:
+        model, inputs = _build(factory, config)
+        meta = True
+    except TraceError:
+        # A factory that computes with real values (x.item(), torch.load) cannot
+        # build on the meta device; a fake mode carries values it can check.
+        model, inputs = _build(factory, config, None)
+        meta = False
     fp = fingerprint.structure(model, inputs, mode=settings.mode, optimizer=settings.optimizer)
     key = None
     if fp is not None:
@@ -119,7 +128,7 @@ def _graph(factory: Callable, config: dict, settings: Settings, graph_dir: str |
             if g is not None:
                 _remember(fp, g)
                 return g, "disk"
-    g = _trace(factory, config, model, inputs, settings)
+    g = _trace(factory, config, model if meta else None, inputs, settings)
     if fp is not None:
         _remember(fp, g)
         if graph_dir is not None:

@@ -220,6 +220,20 @@ def test_a_killed_worker_is_retried_and_every_candidate_arrives_once(tmp_path):
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 4
 
 
+def moved(width=8):
+    """A factory that reads a value from a tensor: not possible on the meta device."""
+    scale = int(torch.tensor(2).item())
+    return mlp(width=width * scale // 2)
+
+
+def test_a_factory_that_cannot_build_on_meta_is_built_under_a_fake_mode():  # x.item()
+    res = explore(Space(moved, {"width": [8, 16]}), gpus=["T4"], batch_sizes=[8], workers=1)
+    assert res.failed == 0 and len(res.to_pandas()) == 2
+    direct = predictor.predict(predictor.trace(lambda: mlp(width=16)), "T4", batch_size=8)
+    row = res.to_pandas().query("params == 16 * 16 + 16").iloc[0]
+    assert row["iteration_ms"] == pytest.approx(direct.iteration_ms, rel=1e-9)
+
+
 def test_many_part_files_are_merged_when_a_run_starts(tmp_path, monkeypatch):
     from predictor import exploration
 
