@@ -215,6 +215,31 @@ def cross_gpu_spread(data: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def dram_fractions(data: Path) -> pd.DataFrame:
+    """Sustained DRAM bandwidth of every memory-bound training kernel as a
+    fraction of its GPU's spec-sheet bandwidth (minimum bytes moved over the
+    measured time), with its working set against the GPU's L2. The training
+    split only: the learned models' bandwidth bound
+    (``kernels.features.ACHIEVABLE_DRAM``) is read from it."""
+    from predictor.kernels.work import flops_and_elems
+
+    s = D.load_train(data, ops=D.BINARY + D.UNARY + ("softmax", "ln"))
+    nbytes = np.array([flops_and_elems(int(f), d)[1] * 4.0 for f, d in zip(s.family, s.dims)])
+    feats, index = _gpu_arrays(s)
+    bw = feats[index, L.G_MEM_BW_GBS] * 1e9
+    l2 = feats[index, L.G_L2_MB] * 2.0 ** 20
+    return pd.DataFrame({"gpu": s.gpu, "op": s.op, "fraction": nbytes / (s.latency_ms * 1e-3) / bw,
+                         "bytes_over_l2": nbytes / l2})
+
+
+def dram_table(df: pd.DataFrame) -> str:
+    bins = pd.cut(df.bytes_over_l2, [0, 1, 4, 16, np.inf], right=False,
+                  labels=["< L2", "1-4x L2", "4-16x L2", ">= 16x L2"])
+    t = df.groupby([bins, "gpu"], observed=True).fraction.max().unstack()
+    t["all GPUs"] = df.groupby(bins, observed=True).fraction.max()
+    return t.round(3).to_string()
+
+
 def spread_table(df: pd.DataFrame) -> str:
     pivot = df.pivot_table(index=["family", "oracle"], columns="gpu", values="mape")
     pivot["mean (no P4)"] = pivot[[g for g in pivot.columns if g not in EXCLUDED_FROM_MEAN]].mean(axis=1)
@@ -293,7 +318,15 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", default=None, help="write all scores here")
     ap.add_argument("--spread", action="store_true",
                     help="only the cross-GPU spread of measured efficiency on identical shapes")
+    ap.add_argument("--bandwidth", action="store_true",
+                    help="only the highest sustained DRAM bandwidth fraction of the training "
+                         "kernels, per GPU and working-set size")
     args = ap.parse_args(argv)
+    if args.bandwidth:
+        print("Highest sustained DRAM bandwidth / spec-sheet bandwidth of the memory-bound")
+        print("training kernels (elementwise, softmax, layer norm), by working set against L2")
+        print(dram_table(dram_fractions(Path(args.data))))
+        return 0
     if args.spread:
         print("LOGO MAPE % of predicting a held-out GPU's efficiency from the other GPUs'")
         print("measured efficiency on the same test shape (median or max of them)")

@@ -102,6 +102,26 @@ def ideal_us(family, dtype_code, d, gpu, params):
     return max(t_c, t_m, 1e-6)
 
 
+# The highest sustained DRAM bandwidth any kernel of the training data reaches,
+# as a fraction of the spec sheet's: 0.910 (V100 elementwise; the A100 0.861,
+# the GDDR and Pascal cards 0.75-0.77; `python -m benchmarks.accuracy --data
+# ../shared/data/neusight --bandwidth` prints the table). Refresh, bank
+# conflicts and read/write turnaround keep every DRAM below its theoretical
+# rate, so no learned prediction may move bytes faster than this: a network
+# extrapolating to a GPU with more bandwidth than any it saw (3.35 TB/s) must
+# not get there by running a softmax at 97 % of it.
+ACHIEVABLE_DRAM = 0.91
+
+
+@njit(cache=True)
+def learned_us(family, dtype_code, d, gpu, params, eta):
+    """An op's time at learned efficiency `eta`: its ideal roofline time over
+    eta, but never faster than its bytes at ACHIEVABLE_DRAM of the bandwidth."""
+    flops, elems = flops_and_elems(family, d)
+    dram = elems * row_elem_bytes(dtype_code) / (ACHIEVABLE_DRAM * gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+    return max(ideal_us(family, dtype_code, d, gpu, params) / eta, dram)
+
+
 @njit(cache=True)
 def row_features(family, dtype_code, d, gpu, params, out):
     """Fill `out[:N_FEATURES]` for one row on one GPU; returns its model group.

@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from predictor.kernels import layout as L
-from predictor.kernels.features import N_FEATURES, group_of, ideal_us, row_features
+from predictor.kernels.features import N_FEATURES, group_of, learned_us, row_features
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
@@ -117,7 +117,7 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
         efficiency_block(mlp, group, x, x.shape[0], eta, zbuf, hbuf, acc)
         for g in range(g0, g1):
             e = with_chip(mlp, group, eta[g - g0], gpus[g, L.G_CHIP])
-            t = ideal_us(fam, dt, d, gpus[g], params) / e + kern * params[P_LAUNCH_US]
+            t = learned_us(fam, dt, d, gpus[g], params, e) + kern * params[P_LAUNCH_US]
             if fam == L.LSTM or fam == L.LSTM_BWD:
                 t += d[0] * params[P_LSTM_STEP_US]
             if scaled:

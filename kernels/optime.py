@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from predictor.kernels import layout as L
-from predictor.kernels.features import N_FEATURES, group_of, ideal_us, row_features
+from predictor.kernels.features import N_FEATURES, group_of, learned_us, row_features
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
@@ -56,7 +56,7 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     hidden = np.empty(MAX_HIDDEN)
     row_features(family, dtype_code, d, gpu, params, x)
     eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
-    t = ideal_us(family, dtype_code, d, gpu, params) / eta + kernels * params[P_LAUNCH_US]
+    t = learned_us(family, dtype_code, d, gpu, params, eta) + kernels * params[P_LAUNCH_US]
     if family == L.LSTM or family == L.LSTM_BWD:
         t += d[0] * params[P_LSTM_STEP_US]
     return t
@@ -82,7 +82,7 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     hidden = np.empty(MAX_HIDDEN)
     row_features(family, dtype_code, d, gpu, params, x)
     eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
-    return floor_us(mlp, group) + ideal_us(family, dtype_code, d, gpu, params) / eta
+    return floor_us(mlp, group) + learned_us(family, dtype_code, d, gpu, params, eta)
 
 
 @njit(cache=True)

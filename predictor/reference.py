@@ -205,6 +205,15 @@ def _pow2(x) -> float:
     return n / 7.0
 
 
+def learned_us(family: int, dtype_code: int, d, gpu, params, eta: float) -> float:
+    """Ideal time over eta, never faster than the bytes at the achievable DRAM rate."""
+    from predictor.kernels.features import ACHIEVABLE_DRAM
+
+    flops, elems = flops_and_elems(family, d)
+    dram = elems * row_elem_bytes(dtype_code) / (ACHIEVABLE_DRAM * gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+    return max(ideal_us(family, dtype_code, d, gpu, params) / eta, dram)
+
+
 def ideal_us(family: int, dtype_code: int, d, gpu, params) -> float:
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
@@ -384,7 +393,7 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
     eta = with_chip(mlp, group, efficiency(mlp, group, row_features(family, dtype_code, d, gpu,
                                                                      params)), gpu[L.G_CHIP])
-    t = ideal_us(family, dtype_code, d, gpu, params) / eta + kernels * params[R.P_LAUNCH_US]
+    t = learned_us(family, dtype_code, d, gpu, params, eta) + kernels * params[R.P_LAUNCH_US]
     if family in (L.LSTM, L.LSTM_BWD):
         t += d[0] * params[R.P_LSTM_STEP_US]
     return t

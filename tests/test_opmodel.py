@@ -408,3 +408,33 @@ def test_chip_corrections_generalise_within_a_gpu(data_dir):
     ev = s.subset(~half & (s.gpu == "V100-PCIE-32GB"))
     err = [np.mean(np.abs(A.predict_learned(m, ev) / ev.latency_ms - 1)) for m in (mlp, w)]
     assert err[1] < 0.8 * err[0]
+
+
+# ---- the achievable DRAM bandwidth bound ---------------------------------------
+
+@needs_weights
+@pytest.mark.parametrize("gpu", ["H100-SXM5-80GB", "L4", "V100-PCIE-32GB", "MI300X"])
+@pytest.mark.parametrize("fam", [L.SOFTMAX, L.ELEMENTWISE, L.LAYER_NORM])
+def test_no_learned_op_moves_bytes_faster_than_the_achievable_dram_rate(gpu, fam):
+    """A network extrapolating to more bandwidth than it saw must not run a
+    large memory-bound kernel above ACHIEVABLE_DRAM of the spec sheet."""
+    from predictor.kernels.features import ACHIEVABLE_DRAM
+
+    rows, inner = 16 * 16 * 2048, 2048
+    d = np.zeros((1, L.MAX_DIMS), dtype=np.int64)
+    n = rows * inner
+    d[0, L.MEM_READ], d[0, L.MEM_WRITTEN], d[0, L.MEM_FLOPS] = n, n, n
+    d[0, L.MEM_INNER], d[0, L.MEM_OUTER] = inner, rows
+    t_ms = predict_rows(np.array([fam]), d, gpu)[0]
+    frac = 2 * n * 4 / (t_ms * 1e-3) / (hardware.get(gpu).features[L.G_MEM_BW_GBS] * 1e9)
+    assert frac <= ACHIEVABLE_DRAM + 1e-9
+
+
+def test_the_dram_bound_is_the_fastest_training_kernel(data_dir):
+    """ACHIEVABLE_DRAM is read from the data: no memory-bound training kernel
+    is faster than it, and the fastest one is within a point of it."""
+    from benchmarks.accuracy import dram_fractions
+    from predictor.kernels.features import ACHIEVABLE_DRAM
+
+    top = dram_fractions(data_dir).fraction.max()
+    assert ACHIEVABLE_DRAM - 0.01 <= top <= ACHIEVABLE_DRAM + 0.005
