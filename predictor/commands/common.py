@@ -165,47 +165,25 @@ def trace_from_args(args: argparse.Namespace):
     optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
     from predictor.io import markup_safe
 
-    first_compile_notice()
     with progress(f"tracing {markup_safe(args.model)} ..."):
-        return predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
-                               optimizer=optimizer, mode=mode, amp=getattr(args, "amp", None))
+        graph = predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                                optimizer=optimizer, mode=mode, amp=getattr(args, "amp", None))
+    first_compile_notice()  # after the trace: a model that cannot be traced stays one line
+    return graph
 
 
 # ---- first-run notices and progress ------------------------------------------
 
-# How long before work without a terminal spinner gets a progress line (s).
-PROGRESS_AFTER_S = 2.0
-
-
-def progress(message: str, after: float = PROGRESS_AFTER_S):
-    """A spinner on stderr when it is a terminal; otherwise (a log file, CI)
-    one line ``predictor: <message>`` on stderr if the work is still running
-    after `after` seconds, so that a long trace is never silent."""
+def progress(message: str):
+    """A spinner with `message` on stderr when it is a terminal. Nothing when
+    it is not (a log, a pipe): there stderr carries only the notes and the
+    one-line error a failure prints, so that a script sees exactly one line."""
     import contextlib
-    import sys
-    import threading
 
     err = console(stderr=True)
     if err.is_terminal:
         return err.status(message, spinner="dots")
-
-    @contextlib.contextmanager
-    def line():
-        done = threading.Event()
-
-        def say():
-            if not done.wait(after):
-                print(f"predictor: {message}", file=sys.stderr, flush=True)
-
-        t = threading.Thread(target=say, daemon=True)
-        t.start()
-        try:
-            yield
-        finally:
-            done.set()
-            t.join()
-
-    return line()
+    return contextlib.nullcontext()
 
 
 def kernels_cached() -> bool:
@@ -257,8 +235,9 @@ def load_graph(args: argparse.Namespace):
         if traced_as:
             raise InvalidArgumentError(f"{', '.join(traced_as)} cannot change a saved graph "
                                        f"({args.model}); trace the model again with them")
+        graph = Graph.load(args.model)
         first_compile_notice()
-        return Graph.load(args.model)
+        return graph
 
     args.batch_size = None
     return trace_from_args(args)
