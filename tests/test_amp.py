@@ -234,6 +234,8 @@ GEMM_HEAVY = {"resnet50", "inception_v3", "transformer", "gnmt", "bert-large", "
 # Same code path as a model traced here (GPT2LMHeadModel as gpt2, BertForPreTraining
 # as bert-large): left out to keep the file short, as in test_zoo.py.
 SAME_PATH = {"gpt3-xl", "gpt3-2.7b", "bert-base"}
+# Llama (6.7 B+ parameters): traced under autocast at two layers in tests/test_llama.py.
+SAME_PATH |= {"llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b"}
 BIG = {"inception_v3", "bert-large", "gpt2-large", "opt-1.3b"}
 
 

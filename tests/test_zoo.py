@@ -22,6 +22,10 @@ LARGE = {"gpt2-large", "opt-1.3b", "gpt3-xl", "gpt3-2.7b"}
 # model is traced below). Only their parameter counts are checked, to keep the
 # file under a minute.
 NOT_TRACED = {"gpt3-xl", "gpt3-2.7b", "bert-base"}
+# Llama models (6.7 B to 70.6 B parameters): never traced whole in this file;
+# their code path is traced at two layers in tests/test_llama.py.
+LLAMA = {"llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b"}
+NOT_TRACED |= LLAMA
 
 _CACHE: dict = {}
 
@@ -123,6 +127,12 @@ EXACT = {
     "gpt2": 124_439_808,
     "gpt2-large": 774_030_080,
     "opt-1.3b": 1_315_758_080,
+    # the released Llama checkpoints' parameter counts
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
 }
 APPROX = {
     "transformer": 60.5e6,
@@ -156,6 +166,7 @@ DEFAULT_BATCH = {
     "resnet50": 64, "inception_v3": 64, "transformer": 64, "gnmt": 64, "dcgan": 64,
     "bert-large": 8, "gpt2-large": 4, "gpt3-xl": 2, "gpt3-2.7b": 2, "opt-1.3b": 2,
     "bert-base": 16, "gpt2": 8,
+    "llama2-7b": 1, "llama2-13b": 1, "llama2-70b": 1, "llama3-8b": 1, "llama3-70b": 1,
 }
 
 

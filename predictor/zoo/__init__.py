@@ -57,6 +57,20 @@ def _gpt(name: str, title: str, params: str, batch: int) -> ZooModel:
     )
 
 
+def _llama(name: str, title: str, params: str) -> ZooModel:
+    seq = hf.max_positions(name)
+    return ZooModel(
+        name=name,
+        description=f"{title}, LlamaForCausalLM (SDPA attention), seq {seq}, {params} params",
+        family="text",
+        build=functools.partial(hf.build_llama, name),
+        make_inputs=hf.token_inputs(name, seq, 0),
+        loss_fn=hf.causal_lm_loss,
+        default_batch_size=1,
+        default_seq_len=seq,
+    )
+
+
 _MODELS = [
     ZooModel(
         name="resnet50",
@@ -122,6 +136,11 @@ _MODELS = [
         default_batch_size=2,
         default_seq_len=2048,
     ),
+    _llama("llama2-7b", "Llama 2 7B (Touvron et al. 2023)", "6.74 B"),
+    _llama("llama2-13b", "Llama 2 13B (Touvron et al. 2023)", "13.0 B"),
+    _llama("llama2-70b", "Llama 2 70B (Touvron et al. 2023, GQA 8 KV heads)", "69.0 B"),
+    _llama("llama3-8b", "Llama 3 8B (Dubey et al. 2024, GQA 8 KV heads, 128k vocab)", "8.03 B"),
+    _llama("llama3-70b", "Llama 3 70B (Dubey et al. 2024, GQA 8 KV heads, 128k vocab)", "70.6 B"),
 ]
 
 ZOO: "dict[str, ZooModel]" = {m.name: m for m in _MODELS}
@@ -139,6 +158,13 @@ _ALIASES = {
     "gpt327b": "gpt3-2.7b",
     "opt13": "opt-1.3b",
     "opt13b": "opt-1.3b",
+    "llama7b": "llama2-7b",
+    "llama27b": "llama2-7b",
+    "llama213b": "llama2-13b",
+    "llama70b": "llama2-70b",
+    "llama270b": "llama2-70b",
+    "llama38b": "llama3-8b",
+    "llama370b": "llama3-70b",
 }
 
 

@@ -1,7 +1,9 @@
 """Hugging Face transformer models, built from configs written here.
 
 No file or hub access: the config values are in this module and the models
-are built with ``from_config`` (random init), eager attention, no KV cache.
+are built with ``from_config`` (random init), eager attention, no KV cache;
+the Llama models with PyTorch's fused attention (``sdpa``, the Hugging Face
+default and what Llama training runs: flash attention on the GPU).
 ``transformers`` is imported lazily so ``import predictor.zoo`` stays fast.
 
 Training heads: BERT uses ``BertForPreTraining`` (MLM + NSP heads, loss is the
@@ -61,6 +63,32 @@ OPT_1_3B = dict(
 )
 
 
+LLAMA_SIZES = {
+    # name: (hidden, intermediate, layers, heads, kv heads, vocab, max positions, rope theta)
+    # Llama 2 (Touvron et al. 2023, the released configs); Llama 3 (Dubey et al. 2024).
+    "llama2-7b": (4096, 11008, 32, 32, 32, 32000, 4096, 10000.0),
+    "llama2-13b": (5120, 13824, 40, 40, 40, 32000, 4096, 10000.0),
+    "llama2-70b": (8192, 28672, 80, 64, 8, 32000, 4096, 10000.0),
+    "llama3-8b": (4096, 14336, 32, 32, 8, 128256, 8192, 500000.0),
+    "llama3-70b": (8192, 28672, 80, 64, 8, 128256, 8192, 500000.0),
+}
+
+
+def llama_config(name: str, layers: int | None = None):
+    """A Llama config of the released sizes (`layers` overrides the depth: tests)."""
+    from transformers import LlamaConfig
+
+    hidden, inter, n_layers, heads, kv, vocab, n_pos, theta = LLAMA_SIZES[name]
+    return LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+        num_hidden_layers=layers or n_layers, num_attention_heads=heads,
+        num_key_value_heads=kv, hidden_act="silu", max_position_embeddings=n_pos,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": theta},
+        tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
+        mlp_bias=False, use_cache=False,
+    )
+
+
 def bert_config(name: str):
     from transformers import BertConfig
 
@@ -116,17 +144,19 @@ def max_positions(name: str) -> int:
         return 512
     if name in GPT2_SIZES:
         return GPT2_SIZES[name][3]
+    if name in LLAMA_SIZES:
+        return LLAMA_SIZES[name][6]
     return OPT_1_3B["max_position_embeddings"]
 
 
 # --------------------------------------------------------------------------- builders
 
 
-def _from_config(auto_cls_name: str, config) -> nn.Module:
+def _from_config(auto_cls_name: str, config, attn: str = "eager") -> nn.Module:
     import transformers
 
     auto_cls = getattr(transformers, auto_cls_name)
-    model = auto_cls.from_config(config, attn_implementation="eager")
+    model = auto_cls.from_config(config, attn_implementation=attn)
     model.config.use_cache = False
     return model
 
@@ -160,8 +190,8 @@ def _position_ids_hook(module: nn.Module, args: tuple, kwargs: dict):
     return args, kwargs
 
 
-def _causal_lm(config) -> nn.Module:
-    model = _from_config("AutoModelForCausalLM", config)
+def _causal_lm(config, attn: str = "eager") -> nn.Module:
+    model = _from_config("AutoModelForCausalLM", config, attn)
     model.register_forward_pre_hook(_position_ids_hook, with_kwargs=True)
     return model
 
@@ -172,6 +202,10 @@ def build_gpt2(name: str) -> nn.Module:
 
 def build_opt() -> nn.Module:
     return _causal_lm(opt_config())
+
+
+def build_llama(name: str, layers: int | None = None) -> nn.Module:
+    return _causal_lm(llama_config(name, layers), attn="sdpa")
 
 
 # --------------------------------------------------------------------------- inputs / losses
