@@ -319,3 +319,87 @@ def test_unknown_model_error_stays_one_line_before_the_first_compile(capsys, mon
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "unknown model" in err and "\n" not in err and "compiling" not in err
+
+
+# ---- calibration: sanity checks, threads, extrapolation ---------------------
+
+def test_flat_calibration_is_refused():
+    from predictor.calibration import checks
+    from predictor.calibration.file import OverheadModel
+
+    # The busy-machine numbers: flat per-op sums, a fit to noise.
+    batches, ops = [8, 32, 64], [615.0, 624.0, 616.0]
+    model = [9.0, 35.0, 72.0]
+    fit = OverheadModel.fit(__import__("numpy").asarray(ops), __import__("numpy").asarray(
+        [580.0, 589.0, 581.0]))
+    found = checks.problems(batches, ops, model, [[580.0] * 5] * 3, fit)
+    assert any("hardly grows" in p and "8.0x" in p for p in found)
+    assert all("\n" not in p for p in found)
+    # The same model measured with --threads 1: sane.
+    ok_ops = [8.9, 35.0, 72.0]
+    fit = OverheadModel.fit(__import__("numpy").asarray(ok_ops),
+                            __import__("numpy").asarray([10.0, 37.0, 75.0]))
+    assert checks.problems(batches, ok_ops, model, [[10.0] * 5, [37.0] * 5, [75.0] * 5],
+                           fit) == []
+
+
+def test_falling_noisy_and_degenerate_calibrations_are_named():
+    import numpy as np
+
+    from predictor.calibration import checks
+    from predictor.calibration.file import OverheadModel
+
+    assert "falls" in checks.growth_problem([8, 32, 64], [10.0, 40.0, 30.0], [9, 35, 72])
+    assert checks.growth_problem([8, 32, 64], [10.0, 40.0, 80.0], [9, 35, 72]) is None
+    # A model that expects little growth (launch-bound) accepts little growth.
+    assert checks.growth_problem([1, 2, 4], [5.0, 5.1, 5.2], [5.0, 5.05, 5.1]) is None
+    assert "vary too much" in checks.spread_problem([8], [[10, 11, 30, 60, 9]])
+    assert checks.spread_problem([8], [[10, 10.5, 11, 10.2, 9.9]]) is None
+    bad = OverheadModel(fixed_ms=-35.17, scale=0.0, points=3)
+    assert "degenerate" in checks.fit_problem(np.asarray([40.0, 60.0, 80.0]), bad)
+    assert checks.fit_problem(np.asarray([40.0, 60.0, 80.0]),
+                              OverheadModel(fixed_ms=2.0, scale=0.1, points=3)) is None
+
+
+def test_calibrate_cli_refuses_a_failed_check(conv_factory, tmp_path, capsys, monkeypatch):
+    import predictor.calibration.checks as checks
+
+    monkeypatch.setattr(checks, "problems", lambda *a, **k: ["the measured time hardly grows"])
+    out = tmp_path / "c.cal.npz"
+    with pytest.raises(SystemExit) as exc:
+        sys.exit(cli.main(["calibrate", f"{conv_factory}:build", "--device", "cpu",
+                           "--repeats", "1", "--iterations", "1", "-o", str(out), "--json"]))
+    assert exc.value.code == 2 and not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "not saved" in err and "--keep" in err
+    assert cli.main(["calibrate", f"{conv_factory}:build", "--device", "cpu", "--repeats", "1",
+                     "--iterations", "1", "-o", str(out), "--json", "--keep"]) == 0
+    assert out.exists() and "saved anyway" in capsys.readouterr().err
+
+
+def test_cpu_calibration_threads_default_to_half_the_cores(monkeypatch):
+    import os
+
+    import torch
+
+    from predictor.commands.calibrate import default_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert default_threads("cpu") == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert default_threads("cpu") == 1
+    assert default_threads("cuda") is None
+
+
+def test_extrapolation_note():
+    from types import SimpleNamespace
+
+    from predictor.calibrated import extrapolation_note
+
+    cal = SimpleNamespace(batch_sizes=[16, 64, 128])
+    assert extrapolation_note(cal, [16, 64, 200, 256]) is None
+    note = extrapolation_note(cal, [64, 512])
+    assert note.startswith("extrapolating the calibration: batch 512 is outside") and \
+        "4.0x the largest" in note
+    assert "1/8.0 of the smallest" in extrapolation_note(cal, [2])
