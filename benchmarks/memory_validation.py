@@ -18,6 +18,7 @@ noise tensor per dropout for backward, which no GPU run holds.
     python benchmarks/memory_validation.py                       # all zoo models
     python benchmarks/memory_validation.py --models resnet50,gpt2 --batches 8,32
     python benchmarks/memory_validation.py --json out.json
+    python benchmarks/memory_validation.py --amp bf16 --models resnet50,gpt2   # autocast
 """
 
 from __future__ import annotations
@@ -84,28 +85,44 @@ def _fresh_parameters(model: torch.nn.Module) -> None:
                 mod._buffers[key] = fresh[id(b)]
 
 
-def measured_peak(name: str, batch: int, seq_len: int | None = None) -> int:
+def measured_peak(name: str, batch: int, seq_len: int | None = None,
+                  amp: str | None = None) -> int:
     """Peak bytes of the second eager training step of zoo model `name`."""
     entry = zoo.get(name)
     seq = seq_len if seq_len is not None else entry.default_seq_len
-    return measure_step(entry.build, lambda b: entry.make_inputs(b, seq), entry.loss_fn, batch)
+    return measure_step(entry.build, lambda b: entry.make_inputs(b, seq), entry.loss_fn, batch,
+                        amp)
 
 
-def measure_step(build, make_inputs, loss_fn, batch: int) -> int:
+def measure_step(build, make_inputs, loss_fn, batch: int, amp: str | None = None) -> int:
     """Peak bytes of the second eager training step under MemTracker: `build()`
     returns the module (or (module, ...)), `make_inputs(batch)` its inputs (a
-    tuple or a dict), `loss_fn(output)` the loss. Everything is fake."""
+    tuple or a dict), `loss_fn(output)` the loss. Everything is fake. `amp`
+    ("bf16"/"fp16"): forward and loss run eagerly under CUDA's autocast policy
+    (the same ``CudaAutocast`` kernels the tracer uses, weight-cast cache
+    included), fp16 with the GradScaler's scale, unscale and update."""
     cpu_dropout = torch.nn.functional.dropout
     torch.nn.functional.dropout = _gpu_dropout
     try:
-        return _measure(build, make_inputs, loss_fn, batch)
+        if amp is None:
+            return _measure(build, make_inputs, loss_fn, batch, None)
+        from predictor.frontend.autocast import CudaAutocast
+
+        with CudaAutocast(amp) as policy:
+            return _measure(build, make_inputs, loss_fn, batch, policy)
     finally:
         torch.nn.functional.dropout = cpu_dropout
 
 
-def _measure(build, make_inputs, loss_fn, batch: int) -> int:
+def _measure(build, make_inputs, loss_fn, batch: int, policy=None) -> int:
+    import contextlib
+
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from predictor.frontend import autocast
+
+    region = policy.region if policy is not None else contextlib.nullcontext
+    scaling = policy is not None and policy.amp == "fp16"
     with FakeTensorMode(allow_non_fake_inputs=True):
         built = build()
         model = built[0] if isinstance(built, tuple) else built
@@ -113,14 +130,24 @@ def _measure(build, make_inputs, loss_fn, batch: int) -> int:
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.Adam(params, foreach=True)
+        scale, growth = autocast.scaler_state() if scaling else (None, None)
 
         def step(inputs) -> None:
-            out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-            loss = loss_fn(out)
+            with region():
+                out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+                loss = loss_fn(out)
             del out
+            if scaling:
+                loss = autocast.scale_loss(loss, scale)
             loss.backward()
             del loss
+            if scaling:
+                with torch.no_grad():
+                    found_inf = autocast.unscale([p.grad for p in params if p.grad is not None],
+                                                 scale)
             opt.step()
+            if scaling:
+                autocast.update_scale(scale, growth, found_inf)
             opt.zero_grad(set_to_none=True)
 
         step(make_inputs(batch))  # creates the optimizer state
@@ -141,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=None,
                     help="comma-separated batch sizes for every model (default: per model)")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--amp", default=None, choices=("bf16", "fp16"),
+                    help="the step under CUDA's autocast policy (both sides)")
     args = ap.parse_args(argv)
     rows = []
     print(f"{'model':<14}{'batch':>6}{'MemTracker GiB':>16}{'predicted GiB':>15}{'error':>9}"
@@ -149,16 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         batches = ([int(b) for b in args.batches.split(",")] if args.batches
                    else DEFAULT_BATCHES.get(name, (1, 8, 32)))
         t0 = time.perf_counter()
-        graph = predictor.trace(name, batch_size=batches[0])
+        graph = predictor.trace(name, batch_size=batches[0], amp=args.amp)
         trace_s = time.perf_counter() - t0
         exact, _, step = graph.memory.peak(batches, rounding=False, workspaces=False)
         for b, pred, st in zip(batches, exact, step):
             t0 = time.perf_counter()
-            meas = measured_peak(name, b)
+            meas = measured_peak(name, b, amp=args.amp)
             eager_s = time.perf_counter() - t0
             err = (pred - meas) / meas
             phase = graph.memory.phase_at(int(st))
-            rows.append({"model": name, "batch_size": b, "measured_bytes": meas,
+            rows.append({"model": name, "batch_size": b, "amp": args.amp, "measured_bytes": meas,
                          "predicted_bytes": int(pred), "error": err, "peak_phase": phase})
             print(f"{name:<14}{b:>6}{meas / 2**30:>16.3f}{pred / 2**30:>15.3f}{err:>+9.1%}"
                   f"{phase:>10}{trace_s:>9.1f}{eager_s:>9.1f}", flush=True)

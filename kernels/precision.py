@@ -23,10 +23,21 @@ NVIDIA "maximum achievable matmul FLOPS" efficiencies published in Stas
 Bekman's Machine Learning Engineering book (compute/accelerator/README.md,
 BF16 table: A100 SXM 86.9 %, GH200 83.6 %, A100 PCIe 81.1 %, H100 SXM 80.3 %),
 the best any shape reached; tile and wave quantisation take shapes below it.
-``UNALIGNED_SLOWDOWN`` is chosen by hand (not fitted): cuBLAS and cuDNN need
-16-byte-aligned rows for their fastest tensor-core kernels (cuBLAS docs,
-"Tensor Core Usage"), and the slowdown of the fallback kernels is not published
-per GPU; 2x is a round figure.
+``UNALIGNED_SLOWDOWN`` is chosen by hand (not fitted to any label), and no
+published figure gives it. What is published: the rule itself (NVIDIA, "Matrix
+Multiplication Background User's Guide", section "Tensor Core Requirements",
+and "Linear/Fully-Connected Layers User's Guide": dims divisible by 8 for
+fp16/bf16 and 4 for TF32, i.e. 16-byte rows, run efficiently on tensor cores;
+cuBLAS and cuDNN need 16-byte-aligned rows for their fastest kernels, cuBLAS
+docs "Tensor Core Usage"); before cuBLAS 11.0 / cuDNN 7.6.3 other dims ran on
+CUDA cores (4-16x below the tensor-core rate), from cuBLAS 11.0 on they run on
+tensor cores with narrower loads, the gap shown only in figures (a V100
+projection layer, vocabulary 33708 against 33712). One measured point the
+other way: on an H100, an unaligned bf16 GEMM 8193x2501x5008 ran at 509
+TFLOP/s against 502 padded (pytorch-labs/float8_experimental pull 145), no
+penalty at that size. So the factor lies between 1 (recent libraries, large
+GEMMs) and the tensor-core/CUDA-core ratio (old libraries); 2x is a round
+value inside that range, kept until a per-GPU measurement replaces it.
 """
 
 from __future__ import annotations
