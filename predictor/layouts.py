@@ -50,9 +50,27 @@ Model (Megatron-LM / DeepSpeed semantics):
   nodes runs at the slower of the two. Ring: ``2 (n-1)/n B / bw + 2 (n-1) a``;
   tree: ``2 B / bw + 2 ceil(log2 n) a``; the cheaper is taken (NCCL picks).
 
-Not modelled: host launch overhead (large models are GPU-bound), overlap of
-TP communication with compute, context parallelism, the copy of the tied
-embedding on the last stage, activation offload.
+- **Mixed precision.** Under autocast (a graph traced with ``amp=``) the
+  model states are fp32 weights (the master copy), fp32 gradients and the
+  optimizer's fp32 state (Adam: 4 + 4 + 8 bytes per parameter), sharded by
+  ZeRO as above; the half copies autocast makes every step are stored
+  activations (``weight_copies``, 2 bytes per parameter, per micro-batch in
+  flight, dropped with their block under full recomputation). ZeRO-3 under
+  autocast is FSDP's mixed-precision policy: it all-gathers 16-bit weights
+  (and holds two blocks of them) and reduce-scatters fp32 gradients.
+- **Memory per GPU.** Model states + activations in flight + the peak of
+  the stage's temporaries (see ``_Temporaries``) + ZeRO-3's gathered blocks +
+  CUDA context and workspaces, at the forward/backward peak; or model states
+  + the optimizer step's temporaries, whichever is larger.
+- **Tied embedding.** With pipeline stages the last stage holds its own
+  copy of a word embedding the head shares (states included), and its
+  gradient is all-reduced with the first stage's after backward.
+- **Host.** Each stage's forward, backward (with recomputation) and
+  optimizer time is at least the host's launch time for its share of the
+  kernels (``predictor.overhead``): ``ParallelPrediction.overhead_ms``.
+
+Not modelled: overlap of TP communication with compute, context
+parallelism, activation offload, FP8.
 """
 
 from __future__ import annotations
@@ -226,9 +244,19 @@ def overlapped(t_comm: float, t_compute: float, k: int) -> float:
 # ------------------------------------------------------------- memory states --
 
 def state_bytes_per_param(dtype_code: int | None, optimizer: str | None,
-                          opt_state_per_param: float) -> tuple[float, float, float]:
+                          opt_state_per_param: float,
+                          amp: str | None = None) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes per parameter.
-    `opt_state_per_param`: the traced optimizer's fp32 state bytes (Adam 8)."""
+    `opt_state_per_param`: the traced optimizer's fp32 state bytes (Adam 8).
+
+    Under autocast (``amp``) the parameters stay fp32 (they are the master
+    weights), so do their gradients and the optimizer state: 4 + 4 + 8 for
+    Adam; the half copies autocast makes each step are stored activations of
+    the traced step (batch-independent, 2 bytes per parameter), not model
+    states. A 16-bit ``dtype`` is Megatron/DeepSpeed mixed precision: 16-bit
+    weights and gradients, fp32 master weights in the optimizer state (2 + 2 + 12)."""
+    if amp is not None:
+        return 4.0, 4.0, float(opt_state_per_param)
     mixed = dtype_code in (L.F16, L.BF16)
     if not mixed:
         item = L.DTYPE_BYTES[dtype_code] if dtype_code is not None else 4
@@ -383,6 +411,51 @@ class ParallelPrediction(Prediction):
                 f"{self.optimizer_ms:.1f}; {mem})")
 
 
+class _Temporaries:
+    """The peak of a stage's temporaries (intermediates, gradients of
+    activations, library workspaces) on one GPU. Forward temporaries of a
+    TP-sharded op are divided by ``tp`` (all of a block's with sequence
+    parallelism); backward ones by the ratio the stage's stored activations
+    shrink by (the gradient of an activation has its shape); those of other
+    stages are not on this GPU; the optimizer step's (parameter-sized) follow
+    the parameters this GPU updates. Two peaks: forward/backward, when the
+    activations are alive, and the optimizer step, when they are not."""
+
+    def __init__(self, prof, lp, size: np.ndarray, tp: int, sp: bool):
+        from predictor.optable import TEMPORARIES, WORKSPACE
+        self.prof, self.lp = prof, lp
+        self.tmp = (prof.category == TEMPORARIES) | (prof.category == WORKSPACE)
+        marks = list(prof.phase_marks)
+        fwd_end = marks[0] if marks else prof.n_steps
+        opt_start = marks[1] if len(marks) > 1 else prof.n_steps
+        self.is_opt = prof.alloc >= opt_start
+        self.is_fwd = prof.alloc < fwd_end
+        in_block = (lp.act_group >= 1) & (lp.act_group <= lp.n_blocks)
+        shard = ((lp.act_flags & SHARDED) > 0) | (sp & in_block)
+        act = prof.category == ACTIVATIONS
+        whole = float(size[act & in_block].sum())
+        split = float((size / np.where(shard, tp, 1))[act & in_block].sum())
+        bwd_div = whole / split if split > 0 else 1.0
+        self.size = size.astype(np.float64)
+        self.fb = np.where(self.is_fwd, np.where(shard, self.size / tp, self.size),
+                           self.size / bwd_div)
+
+    def _peak(self, sel: np.ndarray, size: np.ndarray) -> float:
+        if not sel.any():
+            return 0.0
+        n = int(self.prof.n_steps) + 2
+        ev = np.zeros(n)
+        np.add.at(ev, np.clip(self.prof.alloc[sel], 0, n - 1), size[sel])
+        np.add.at(ev, np.clip(self.prof.free[sel] + 1, 0, n - 1), -size[sel])
+        return float(np.cumsum(ev).max())
+
+    def peaks(self, groups: set[int], opt_share: float) -> tuple[float, float]:
+        here = np.isin(self.lp.act_group, list(groups))
+        fb = self._peak(self.tmp & ~self.is_opt & here, self.fb)
+        opt = self._peak(self.tmp & self.is_opt, self.size) * opt_share
+        return fb, opt
+
+
 def check_layout_profile(graph) -> Any:
     lp = getattr(graph, "layout", None)
     if lp is None:
@@ -412,6 +485,11 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
     model = _model(tf32, mlp)
     g = hardware.get(gpu) if isinstance(gpu, str) else gpu
     code = dtypes.parse(dtype)
+    amp = getattr(graph, "amp", None)
+    if amp is not None and code is not None:
+        raise InvalidArgumentError(
+            f"{graph.name} was traced with amp={amp!r}: its ops already have autocast's dtypes; "
+            "drop dtype= (or trace without amp)")
     tp, pp, dp, m, v = par.tp, par.pp, par.dp, par.microbatches, par.interleave
     ops = graph.ops
     groups = stages(lp.n_blocks, par)
@@ -432,13 +510,27 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
         opt_state = prof.category_bytes(2, 1, None) / total_trainable   # OPTIMIZER_STATE, fp32 as traced
     if graph.optimizer is None:
         opt_state = 0.0
-    w_b, g_b, k_b = state_bytes_per_param(code, graph.optimizer, opt_state)
+    w_b, g_b, k_b = state_bytes_per_param(code, graph.optimizer, opt_state, amp)
     per_param = zero_bytes_per_param(w_b, g_b, k_b, par.zero, dp)
+    # ZeRO-3 under autocast gathers half-precision weights (FSDP's mixed-precision
+    # policy: param_dtype 16-bit, gradients reduced in fp32)
+    gather_b = 2.0 if amp is not None else w_b
+    tied = lp.param_tied.astype(bool) if getattr(lp, "param_tied", None) is not None \
+        and len(lp.param_tied) == len(lp.param_numel) else np.zeros(len(lp.param_numel), bool)
     numel_gpu = np.where(lp.param_sharded.astype(bool), lp.param_numel / tp, lp.param_numel)
+    total_params = float(lp.param_numel.sum()) or 1.0
     # the optimizer step's time on one GPU, scaled by the parameters each GPU updates
     opt_rows = lp.split_group < 0
     opt_ms_full = float(_phase_ms(_table(ops, lp, opt_rows, 1, False), 1, g, code, model)[2]) \
         if opt_rows.any() else 0.0
+
+    # host launch time per phase, shared out by each stage's kernel launches
+    from predictor import overhead
+    host_all = overhead.host_ms(graph)
+    kern_all = np.maximum(overhead.kernels_per_phase(ops), 1.0)
+
+    def host(table: OpTable) -> np.ndarray:
+        return host_all * overhead.kernels_per_phase(table) / kern_all
 
     # activations: bytes at the micro-batch of every stored forward tensor
     act_bytes = None
@@ -451,27 +543,41 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
         act_bytes = np.where(is_act, size / div, 0.0)
         if checkpoint == "selective":
             act_bytes = np.where((lp.act_flags & ATTENTION_CORE) > 0, 0.0, act_bytes)
-        breakdown = prof.breakdown(batch, code)
-        transient = breakdown["temporaries"] + breakdown["workspace"]
+        # autocast's half copies of the weights (stored for backward, batch-independent);
+        # under ZeRO-3 the gathered half weights are used directly (no copies)
+        copies = is_act & (prof.power == 0) & np.isin(prof.dtype, (L.F16, L.BF16)) \
+            if amp is not None else np.zeros(len(size), bool)
+        if par.zero == 3 and dp > 1:
+            act_bytes = np.where(copies, 0.0, act_bytes)
+        tmp = _Temporaries(prof, lp, size, tp, par.sequence_parallel)
     else:
-        transient = 0.0
+        copies = tmp = None
     item = L.DTYPE_BYTES[code] if code is not None else 4
     boundary_bytes = max(lp.boundary_base + lp.boundary_slope * batch, 0) * item
 
     stage_ms, stage_parts, stage_mem = [], [], []
     tp_ms_max = pp_ms_max = rec_max = 0.0
     fwd_max = bwd_max = 0.0
-    dp_exposed_max = opt_max = 0.0
+    dp_exposed_max = opt_max = overhead_max = 0.0
     worst = None
     for s, grp in enumerate(groups):
         sel_g = np.isin(lp.split_group, list(grp))
-        t = _phase_ms(_table(ops, lp, sel_g, tp, par.sequence_parallel), batch, g, code, model)
+        table = _table(ops, lp, sel_g, tp, par.sequence_parallel)
+        t = _phase_ms(table, batch, g, code, model)
         f_ms, b_ms = float(t[0]), float(t[1])
+        h = host(table)
         rec_sel = sel_g & fwd & in_block
         if checkpoint == "selective":
             rec_sel &= (lp.split_flags & ATTENTION_CORE) > 0
-        rec_ms = float(_phase_ms(_table(ops, lp, rec_sel, tp, par.sequence_parallel), batch, g,
-                                 code, model)[0]) if checkpoint and rec_sel.any() else 0.0
+        rec_ms = h_rec = 0.0
+        if checkpoint and rec_sel.any():
+            rec_table = _table(ops, lp, rec_sel, tp, par.sequence_parallel)
+            rec_ms = float(_phase_ms(rec_table, batch, g, code, model)[0])
+            h_rec = float(host(rec_table)[0])
+        # the GPU waits for the host where launching takes longer (predictor.overhead)
+        exposed = max(0.0, float(h[0]) - f_ms) + max(0.0, float(h[1]) + h_rec - b_ms - rec_ms)
+        f_ms = max(f_ms, float(h[0]))
+        b_ms = max(b_ms, float(h[1]) + h_rec - rec_ms)
         # TP all-reduces of this stage, per micro-batch
         tp_ms = 0.0
         if tp > 1:
@@ -489,8 +595,12 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
         per_mb = f_ms + b_ms + rec_ms + tp_ms + p2p
         # parameters of the stage
         psel = np.isin(lp.param_group, list(grp))
+        tied_here = np.zeros_like(psel)
         if s == len(groups) - 1 and s > 0:
-            pass
+            # a tied word embedding: the last stage keeps its own copy (Megatron), whose
+            # gradient is all-reduced with the first stage's after backward
+            tied_here = tied
+            psel = psel | tied
         n_stage = float(numel_gpu[psel].sum())
         n_train = float(numel_gpu[psel & trainable].sum())
         states = n_stage * w_b + n_train * (per_param - w_b)
@@ -498,6 +608,8 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
             states = n_stage * w_b / dp + n_train * (per_param - w_b / dp)
         # DP communication
         blocks_here = max(1, len([x for x in grp if 1 <= x <= lp.n_blocks]))
+        tied_ms = allreduce_ms(float(numel_gpu[tied_here & trainable].sum()) * g_b, 2,
+                               pp_link) if tied_here.any() else 0.0
         if dp > 1:
             if par.zero <= 1:
                 dp_ms = overlapped(allreduce_ms(n_train * g_b, dp, dp_link), b_ms + rec_ms,
@@ -506,18 +618,25 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
                 dp_ms = overlapped(gather_ms(n_train * g_b, dp, dp_link), b_ms + rec_ms,
                                    blocks_here) + gather_ms(n_stage * w_b, dp, dp_link)
             else:
-                ag = gather_ms(n_stage * w_b, dp, dp_link)
+                ag = gather_ms(n_stage * gather_b, dp, dp_link)
                 rs = gather_ms(n_train * g_b, dp, dp_link)
                 dp_ms = m * (overlapped(ag, f_ms, blocks_here)
                              + overlapped(ag + rs, b_ms + rec_ms, blocks_here))
         else:
             dp_ms = 0.0
+        dp_ms += tied_ms
         upd = n_train / (dp if par.zero >= 1 else 1)
         opt_ms = opt_ms_full * upd / total_trainable
+        if opt_rows.any():
+            # the optimizer's launches: one set per tensor however it is sharded
+            h_opt = float(host_all[2]) * float(lp.param_numel[psel].sum()) / total_params
+            exposed += max(0.0, h_opt - opt_ms) / m
+            opt_ms = max(opt_ms, h_opt)
         # memory
         if act_bytes is not None:
             in_stage = np.isin(lp.act_group, list(grp))
             acts = float(act_bytes[in_stage].sum())
+            copies_here = float(act_bytes[in_stage & copies].sum())
             if checkpoint == "full":
                 blk = act_bytes[in_stage & (lp.act_group >= 1) & (lp.act_group <= lp.n_blocks)]
                 per_block = [float(act_bytes[lp.act_group == b_].sum()) for b_ in grp
@@ -532,18 +651,37 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
             if v > 1:
                 in_flight *= 1 + (pp - 1) / (pp * v)
             acts = (acts - in_flight_extra) * in_flight + in_flight_extra
+            if checkpoint == "full":   # dropped with their blocks but the one in backward
+                blk_c = in_stage & copies & (lp.act_group >= 1) & (lp.act_group <= lp.n_blocks)
+                per_block_c = [float(act_bytes[copies & (lp.act_group == b_)].sum())
+                               for b_ in grp if 1 <= b_ <= lp.n_blocks]
+                copies_here = copies_here - float(act_bytes[blk_c].sum()) \
+                    + max(per_block_c, default=0.0)
+            else:
+                copies_here *= in_flight
         else:
-            acts = 0.0
+            acts = copies_here = 0.0
         gathered = 0.0
         if par.zero == 3 and dp > 1:
             per_block_params = [float(numel_gpu[lp.param_group == b_].sum()) for b_ in grp]
-            gathered = 2 * max(per_block_params, default=0.0) * w_b
+            gathered = 2 * max(per_block_params, default=0.0) * gather_b
         from predictor import memory as memmodel
         fixed = memmodel._fixed_bytes(prof, g) if prof is not None else 0.0
-        parts = {"model_states": states / 2**30, "activations": acts / 2**30,
-                 "transient": transient / 2**30, "gathered_params": gathered / 2**30,
-                 "context_workspace": fixed / 2**30}
+        upd_share = upd / total_trainable
+        tmp_fb, tmp_opt = tmp.peaks(grp, upd_share) if tmp is not None else (0.0, 0.0)
+        at_fb = acts + gathered + tmp_fb
+        if at_fb >= tmp_opt:   # the peak falls in forward/backward (activations alive)
+            parts = {"model_states": states / 2**30,
+                     "activations": (acts - copies_here) / 2**30,
+                     "weight_copies": copies_here / 2**30, "transient": tmp_fb / 2**30,
+                     "gathered_params": gathered / 2**30, "context_workspace": fixed / 2**30}
+        else:                  # in the optimizer step (activations freed)
+            parts = {"model_states": states / 2**30, "activations": 0.0, "weight_copies": 0.0,
+                     "transient": tmp_opt / 2**30, "gathered_params": 0.0,
+                     "context_workspace": fixed / 2**30}
         mem = sum(parts.values())
+        overhead_max = max(overhead_max, m * exposed) if per_mb >= max(stage_ms, default=0.0) \
+            else overhead_max
         stage_ms.append(per_mb)
         stage_mem.append(mem)
         stage_parts.append(parts)
@@ -565,7 +703,7 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
         model=graph.name, gpu=g.id, batch_size=batch, forward_ms=m * fwd_max,
         backward_ms=m * (bwd_max + rec_max), optimizer_ms=opt_max, graph=graph,
         op_table=None, op_us=None, unsupported=dict(graph.unsupported),
-        memory_gb=stage_mem[worst], memory_capacity_gb=g.memory_gb,
+        memory_gb=stage_mem[worst], memory_capacity_gb=g.memory_gb, overhead_ms=overhead_max,
         max_memory_fraction=max_memory_fraction, parallel=par, checkpoint=checkpoint,
         compute_ms=compute, comm_ms=comm, bubble_ms=bubble, recompute_ms=m * rec_max,
         tp_comm_ms=tp_total, pp_comm_ms=pp_total, dp_comm_ms=dp_exposed_max,

@@ -226,6 +226,7 @@ class LayoutProfile:
     param_group: np.ndarray    # int64[p]
     param_sharded: np.ndarray  # int64[p] 1: divided over the TP group
     param_trainable: np.ndarray  # int64[p]
+    param_tied: np.ndarray | None = None  # int64[p] 1: before the blocks and used by the head too
     boundary_base: int = 0     # elements passed from one block to the next (base)
     boundary_slope: int = 0
     act_group: np.ndarray | None = None   # int64[storages] group of the op that allocated it

@@ -190,12 +190,18 @@ def test_single_gpu_prediction_unchanged(gpt):
 
 
 def test_tensor_parallel_divides_compute(gpt):
-    one = predictor.predict(gpt, "H100-SXM5-80GB", batch_size=8, dtype="bf16",
+    # a batch at which the small test model is GPU-bound (at batch 8 the host's
+    # launches take longer than its kernels, with or without TP)
+    one = predictor.predict(gpt, "H100-SXM5-80GB", batch_size=256, dtype="bf16",
                             parallel=predictor.Parallel(tp=1, microbatches=1, dp=1, pp=1),
                             checkpoint="selective")
-    four = predictor.predict(gpt, "H100-SXM5-80GB", batch_size=8, dtype="bf16",
+    four = predictor.predict(gpt, "H100-SXM5-80GB", batch_size=256, dtype="bf16",
                              parallel=predictor.Parallel(tp=4), checkpoint="selective")
     assert four.compute_ms < one.compute_ms
+    small = [predictor.predict(gpt, "H100-SXM5-80GB", batch_size=8, dtype="bf16",
+                               parallel=predictor.Parallel(tp=t), checkpoint="selective")
+             for t in (1, 4)]
+    assert all(p.overhead_ms > 0 for p in small) and one.overhead_ms < small[0].overhead_ms
     assert four.comm_ms > 0 == one.comm_ms
     for p in (one, four):
         assert all(math.isfinite(x) and x > 0 for x in (p.iteration_ms, p.memory_gb))

@@ -657,6 +657,28 @@ def analyse(gm, phase_marks: Sequence[int], sentinel: int | None, batch: int,
             inner = [g for g in ins if g > 0]
             grp[node] = min(inner) if inner else (0 if ins else post)
 
+    # ---- parameters before the blocks that the head uses too (a tied word
+    # embedding): with pipeline stages the last stage holds a copy
+    fwd_nodes = set(nodes[:fwd_end])
+    passthrough = _VIEW_OPS | {"t", "transpose", "permute", "expand", "_to_copy", "detach",
+                               "alias", "clone"}
+
+    def used_after_blocks(ph) -> bool:
+        todo, seen = [ph], set()
+        while todo:
+            for u in todo.pop().users:
+                if u in seen or u not in fwd_nodes:
+                    continue
+                seen.add(u)
+                if _name(u) in passthrough:
+                    todo.append(u)
+                elif grp.get(u) == post:
+                    return True
+        return False
+
+    p_tied = np.asarray([1 if b == 0 and used_after_blocks(ph) else 0
+                         for ph, b in zip(placeholders, pblock)], np.int64)
+
     # ---- rows: (row, group, sharded part of dims, flags) -> count
     scal = (BatchScaler(sentinel, 1), BatchScaler(sentinel, 2))
     splits: dict[tuple, int] = defaultdict(int)
@@ -756,7 +778,7 @@ def analyse(gm, phase_marks: Sequence[int], sentinel: int | None, batch: int,
         comm_base=np.asarray(comm_base, np.int64), comm_slope=np.asarray(comm_slope, np.int64),
         comm_dtype=np.asarray(comm_dtype, np.int64),
         param_numel=p_numel, param_group=np.asarray(pblock, np.int64), param_sharded=p_sharded,
-        param_trainable=p_grad,
+        param_trainable=p_grad, param_tied=p_tied,
         boundary_base=int(boundary[0]), boundary_slope=int(boundary[1]),
         act_group=act_grp, act_flags=act_flags,
         column_parallel=lin_names["column"], row_parallel=lin_names["row"],
