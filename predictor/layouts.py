@@ -397,7 +397,8 @@ class ParallelPrediction(Prediction):
             "compute_ms": self.compute_ms, "comm_ms": self.comm_ms, "bubble_ms": self.bubble_ms,
             "optimizer_ms": self.optimizer_ms, "recompute_ms": self.recompute_ms,
             "tp_comm_ms": self.tp_comm_ms, "pp_comm_ms": self.pp_comm_ms,
-            "dp_comm_ms": self.dp_comm_ms, "memory_gb": self.memory_gb, "fits": self.fits,
+            "dp_comm_ms": self.dp_comm_ms, "overhead_ms": self.overhead_ms,
+            "memory_gb": self.memory_gb, "fits": self.fits,
             "samples_per_s": self.throughput, "tokens_per_s": self.tokens_per_s,
             "stage_memory_gb": list(self.stage_memory_gb), "memory_parts_gb": self.memory_parts_gb,
         }
@@ -478,12 +479,26 @@ def check_layout_profile(graph) -> Any:
 
 def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | None, *,
                      dtype=None, tf32: tuple = (None, None), mlp=None,
-                     max_memory_fraction: float = 0.9) -> ParallelPrediction:
+                     max_memory_fraction: float = 0.9,
+                     _cache: dict | None = None) -> ParallelPrediction:
     """See the module docstring; `batch` is the micro-batch per GPU; `mlp`:
-    the op-model weights (None: the shipped ones)."""
+    the op-model weights (None: the shipped ones). `_cache`: a dict shared by
+    calls on one graph, GPU, dtype and model (``search_layouts``), which keeps
+    stage times and temporaries that the ZeRO stage and recomputation do not
+    change."""
     lp = check_layout_profile(graph)
-    model = _model(tf32, mlp)
+    model = _model(tf32, mlp) if _cache is None else _cache.setdefault("model", _model(tf32, mlp))
     g = hardware.get(gpu) if isinstance(gpu, str) else gpu
+
+    def phase_ms(sel: np.ndarray, t: int, sp: bool) -> np.ndarray:
+        key = ("ms", sel.tobytes(), t, sp, batch)
+        if _cache is not None and key in _cache:
+            return _cache[key]
+        table = _table(ops, lp, sel, t, sp)
+        out = (_phase_ms(table, batch, g, code, model), host(table))
+        if _cache is not None:
+            _cache[key] = out
+        return out
     code = dtypes.parse(dtype)
     amp = getattr(graph, "amp", None)
     if amp is not None and code is not None:
@@ -521,8 +536,13 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
     total_params = float(lp.param_numel.sum()) or 1.0
     # the optimizer step's time on one GPU, scaled by the parameters each GPU updates
     opt_rows = lp.split_group < 0
-    opt_ms_full = float(_phase_ms(_table(ops, lp, opt_rows, 1, False), 1, g, code, model)[2]) \
-        if opt_rows.any() else 0.0
+    if _cache is not None and "opt" in _cache:
+        opt_ms_full = _cache["opt"]
+    else:
+        opt_ms_full = float(_phase_ms(_table(ops, lp, opt_rows, 1, False), 1, g, code,
+                                      model)[2]) if opt_rows.any() else 0.0
+        if _cache is not None:
+            _cache["opt"] = opt_ms_full
 
     # host launch time per phase, shared out by each stage's kernel launches
     from predictor import overhead
@@ -549,7 +569,12 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
             if amp is not None else np.zeros(len(size), bool)
         if par.zero == 3 and dp > 1:
             act_bytes = np.where(copies, 0.0, act_bytes)
-        tmp = _Temporaries(prof, lp, size, tp, par.sequence_parallel)
+        key = ("tmp", tp, par.sequence_parallel, batch)
+        tmp = _cache.get(key) if _cache is not None else None
+        if tmp is None:
+            tmp = _Temporaries(prof, lp, size, tp, par.sequence_parallel)
+            if _cache is not None:
+                _cache[key] = tmp
     else:
         copies = tmp = None
     item = L.DTYPE_BYTES[code] if code is not None else 4
@@ -562,18 +587,15 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
     worst = None
     for s, grp in enumerate(groups):
         sel_g = np.isin(lp.split_group, list(grp))
-        table = _table(ops, lp, sel_g, tp, par.sequence_parallel)
-        t = _phase_ms(table, batch, g, code, model)
+        t, h = phase_ms(sel_g, tp, par.sequence_parallel)
         f_ms, b_ms = float(t[0]), float(t[1])
-        h = host(table)
         rec_sel = sel_g & fwd & in_block
         if checkpoint == "selective":
             rec_sel &= (lp.split_flags & ATTENTION_CORE) > 0
         rec_ms = h_rec = 0.0
         if checkpoint and rec_sel.any():
-            rec_table = _table(ops, lp, rec_sel, tp, par.sequence_parallel)
-            rec_ms = float(_phase_ms(rec_table, batch, g, code, model)[0])
-            h_rec = float(host(rec_table)[0])
+            t_rec, h_rec = phase_ms(rec_sel, tp, par.sequence_parallel)
+            rec_ms, h_rec = float(t_rec[0]), float(h_rec[0])
         # the GPU waits for the host where launching takes longer (predictor.overhead)
         exposed = max(0.0, float(h[0]) - f_ms) + max(0.0, float(h[1]) + h_rec - b_ms - rec_ms)
         f_ms = max(f_ms, float(h[0]))
@@ -715,17 +737,21 @@ def search_layouts(graph, gpu: str, n_gpus: int, global_batch: int, *,
                    objective: str = "time", dtype=None, gpus_per_node: int = 8,
                    checkpoints=(None, "selective", "full"), zeros=(0, 1, 2, 3),
                    max_micro_batch: int = 64, inter_node_gbs: float | None = None,
-                   max_memory_fraction: float = 0.9) -> list[dict]:
+                   max_memory_fraction: float = 0.9, sequence_parallel: bool = False,
+                   tf32: tuple = (None, None)) -> list[dict]:
     """Every layout of `n_gpus` GPUs (dp x tp x pp, tp within a node) that
     runs `global_batch` samples per step, with its micro-batch, ZeRO stage and
     recomputation; rows sorted by iteration time (``objective="time"``) or
     GPU-hours per step (``"cost"``; the same order for one GPU type), those
-    that fit first. Every row carries every choice."""
+    that fit first. Every row carries every choice. `sequence_parallel`:
+    Megatron SP in every layout with ``tp > 1``."""
     _int("n_gpus", n_gpus, 1, 1 << 20)
     _int("global batch", global_batch, 1, 1 << 30)
     if objective not in ("time", "cost"):
         raise InvalidArgumentError(f"objective must be 'time' or 'cost', got {objective!r}")
     lp = check_layout_profile(graph)
+    g = hardware.get(gpu) if isinstance(gpu, str) else gpu
+    cache: dict = {}
     rows = []
     for tp in _divisors(n_gpus):
         if tp > gpus_per_node:
@@ -749,11 +775,14 @@ def search_layouts(graph, gpu: str, n_gpus: int, global_batch: int, *,
                     for ck in checkpoints:
                         par = Parallel(dp=dp, tp=tp, pp=pp, microbatches=mb, zero=zero,
                                        gpus_per_node=gpus_per_node,
-                                       inter_node_gbs=inter_node_gbs)
-                        p = predict_parallel(graph, gpu, micro, par, ck, dtype=dtype,
-                                             max_memory_fraction=max_memory_fraction)
+                                       inter_node_gbs=inter_node_gbs,
+                                       sequence_parallel=sequence_parallel and tp > 1)
+                        p = predict_parallel(graph, g, micro, par, ck, dtype=dtype, tf32=tf32,
+                                             max_memory_fraction=max_memory_fraction,
+                                             _cache=cache)
                         d = p.to_dict()
                         d["gpu_hours_per_step"] = p.iteration_ms / 3.6e6 * n_gpus
+                        d["memory_limit_gb"] = g.memory_gb * max_memory_fraction
                         rows.append(d)
     key = "iteration_ms" if objective == "time" else "gpu_hours_per_step"
     rows.sort(key=lambda r: (not r["fits"], r[key]))

@@ -333,3 +333,146 @@ def write_report(result, folder: str | Path, graph=None, *,
     atomic_write_text(folder / "search.json", json.dumps(data, indent=2, allow_nan=False,
                                                          default=str) + "\n")
     return out
+
+
+# ------------------------------------------------------------ layout search --
+# ``predictor search MODEL --n-gpus N --global-batch B --report DIR``: the ranked
+# parallel layouts, the time split of each (compute, communication, bubble,
+# optimizer) and its memory per GPU by kind against the GPU's usable memory.
+
+LAYOUTS_PLOTTED = 15
+_TIME_PARTS = (("compute_ms", "compute (incl. recomputation)"), ("comm_ms", "communication"),
+               ("bubble_ms", "pipeline bubble"), ("optimizer_ms", "optimizer step"))
+_MEMORY_PARTS = (("model_states", "model states"), ("activations", "activations"),
+                 ("weight_copies", "half weight copies"), ("transient", "temporaries"),
+                 ("gathered_params", "gathered (ZeRO-3)"), ("context_workspace", "context"))
+
+
+def layout_label(r: dict) -> str:
+    ck = r.get("checkpoint") or "none"
+    return (f"#{r['rank']} {r['gpu']} dp{r['dp']} tp{r['tp']} pp{r['pp']} "
+            f"mb{r['micro_batch']}x{r['microbatches']} z{r['zero']} {ck}")
+
+
+def _stacked(rows: list[dict], parts, value, title: str, xlabel: str, limit=None) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.2, 0.32 * len(rows) + 1.6))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_title(title, fontsize=11, loc="left")
+    ax.set_xlabel(xlabel)
+    y = np.arange(len(rows))[::-1]
+    left = np.zeros(len(rows))
+    colors = _colors(len(parts))
+    for i, (key, name) in enumerate(parts):
+        w = np.asarray([float(value(r, key) or 0.0) for r in rows])
+        ax.barh(y, w, left=left, color=colors[i], label=name, height=0.7)
+        left += w
+    if limit is not None:
+        for yy, lim in zip(y, limit):
+            ax.plot([lim, lim], [yy - 0.4, yy + 0.4], color="#c00", linewidth=1.5)
+    ax.set_yticks(y)
+    ax.set_yticklabels([layout_label(r) for r in rows], fontsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    _legend_below(ax, 3)
+    return _png(fig)
+
+
+_LAYOUT_COLUMNS = [
+    ("rank", "#"), ("gpu", "GPU"), ("dp", "dp"), ("tp", "tp"), ("pp", "pp"),
+    ("micro_batch", "micro-batch"), ("microbatches", "micro-batches"), ("zero", "ZeRO"),
+    ("checkpoint", "recompute"), ("sequence_parallel", "SP"), ("iteration_ms", "iter ms"),
+    ("compute_ms", "compute ms"), ("comm_ms", "comm ms"), ("bubble_ms", "bubble ms"),
+    ("optimizer_ms", "opt ms"), ("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s"),
+    ("usd_per_step", "$/step"), ("memory_gb", "GiB/GPU"), ("memory_limit_gb", "limit GiB"),
+    ("fits", "fits"),
+]
+
+
+def render_layout_html(rows: list[dict], meta: dict, graph=None, *,
+                       plotted: int = LAYOUTS_PLOTTED) -> tuple[str, dict]:
+    """(HTML text, JSON-able data) of the report of a layout search."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("matplotlib", "plot", "Search reports") from None
+    shown = [r for r in rows if r["fits"]][:plotted] or rows[:plotted]
+    parts = lambda r, k: (r.get("memory_parts_gb") or {}).get(k, 0.0)  # noqa: E731
+    plots = {}
+    if shown:
+        with plain_text_figures():
+            plots["time"] = _stacked(shown, _TIME_PARTS, lambda r, k: r.get(k),
+                                     "Iteration time split per layout", "ms per optimizer step")
+            plots["memory"] = _stacked(shown, _MEMORY_PARTS, parts,
+                                       "Memory per GPU (fullest stage); red: usable memory",
+                                       "GiB per GPU",
+                                       limit=[r.get("memory_limit_gb") for r in shown])
+    data = {**meta, "layouts": rows,
+            "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    if graph is not None:
+        data["graph"] = {"parameters": int(graph.parameters), "mode": graph.mode,
+                         "optimizer": graph.optimizer, "seq_len": graph.seq_len,
+                         "amp": getattr(graph, "amp", None)}
+    cols = [(c, h) for c, h in _LAYOUT_COLUMNS if any(c in r for r in rows)]
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in cols)
+    body = []
+    for r in rows[:TABLE_ROWS * 2]:
+        cls = "" if r["fits"] else ' class="nofit"'
+        cells = "".join(f"<td>{_fmt(r.get(c) if c != 'checkpoint' else (r.get(c) or 'none'))}"
+                        "</td>" for c, _ in cols)
+        body.append(f"<tr{cls}>{cells}</tr>")
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    best = next((r for r in rows if r["fits"]), None)
+    if best is not None:
+        split = ", ".join(f"{name} {_fmt(best.get(k))} ms" for k, name in _TIME_PARTS)
+        mem = ", ".join(f"{name} {_fmt(parts(best, k))}" for k, name in _MEMORY_PARTS)
+        best_html = (f"<div class='best'><b>Best layout ({html.escape(meta['objective'])}):</b> "
+                     f"{html.escape(layout_label(best))}: {_fmt(best['iteration_ms'])} ms per "
+                     f"step = {split}; {_fmt(best['memory_gb'])} GiB per GPU ({mem} GiB)</div>")
+    else:
+        best_html = "<div class='best'><b>No layout fits</b> in GPU memory.</div>"
+    params = f"{graph.parameters / 1e9:,.2f} B parameters · " if graph is not None else ""
+    meta_html = (f"{params}{meta['n_gpus']} GPUs · global batch {meta['global_batch']} · "
+                 f"{meta['gpus_per_node']} GPUs per node · fits = peak ≤ "
+                 f"{meta['max_memory_fraction']:.0%} of GPU memory · generated {data['generated']}")
+    img = lambda key, alt: (f"<img alt='{alt}' src='data:image/png;base64,{plots[key]}'>"  # noqa: E731
+                            if key in plots else "")
+    text = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(meta['model'])}: parallel layout search</title>
+<style>{_CSS}</style></head><body>
+<h1>{html.escape(meta['model'])}: which parallel layout</h1>
+<div class="meta">{meta_html}</div>
+<p>{best_html}</p>
+<h2>Time split and memory per GPU (the {len(shown)} best layouts)</h2>
+<div class="grid">
+{img("time", "iteration time split into compute, communication, bubble and optimizer")}
+{img("memory", "memory per GPU by kind against the GPU's usable memory")}
+</div>
+<h2>Ranked layouts (top {min(TABLE_ROWS * 2, len(rows))} of {len(rows)})</h2>
+{table}
+<h2>How these numbers are made</h2>
+<p class="note">The traced step is transformed for each layout without retracing
+(<code>predictor/layouts.py</code>): tensor-parallel ops run with their sharded dims divided,
+pipeline stages run the 1F1B schedule (bubble <code>(pp-1)/(interleave&middot;m)</code> of the
+slowest stage), communication is priced with ring/tree costs over NVLink within a node and the
+inter-node network between nodes, and the part not hidden behind compute is shown. Memory is
+the fullest stage's: model states (sharded by ZeRO), activations in flight, temporaries,
+gathered ZeRO-3 blocks and the CUDA context. <code>layouts.json</code> holds every layout.</p>
+<script type="application/json" id="search-data">{script_json(data)}</script>
+</body></html>
+"""
+    return text, data
+
+
+def write_layout_report(rows: list[dict], meta: dict, folder: str | Path, graph=None) -> Path:
+    """Write report.html and layouts.json into `folder`; returns the HTML path
+    (both atomically, the HTML first, as ``write_report``)."""
+    folder = Path(folder)
+    text, data = render_layout_html(rows, meta, graph)
+    out = folder / "report.html"
+    atomic_write_text(out, text)
+    atomic_write_text(folder / "layouts.json", json.dumps(data, indent=2, allow_nan=False,
+                                                          default=str) + "\n")
+    return out

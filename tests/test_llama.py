@@ -52,6 +52,9 @@ def test_two_layer_llama_traces_with_megatron_pairs():
     # SDPA: the fused attention family, not matmul-softmax-matmul
     fams = {predictor.kernels.layout.FAMILY_NAMES[f] for f in np.unique(g.ops.family)}
     assert "attention" in fams
+    # causal through SDPA's is_causal: no (batch, 1, seq, seq) mask tensor stored per layer
+    assert not ((lp.act_flags & 2) > 0).any()
+    assert not {"where", "le", "bitwise_and"} & set(g.ops.op_names)
     # 2 blocks (attention, MLP, two norms) + embedding and head + the final norm
     assert g.parameters == 2 * 202_383_360 + 2 * 131_072_000 + 4096
 

@@ -70,9 +70,9 @@ def add_parser(sub) -> None:
                    help="which prices of the GPU database to use: cloud on-demand list prices "
                         "(default) or marketplace hosts' (RunPod Community, Vast.ai); a GPU "
                         "without a price on that basis has none (see `predictor gpus`)")
-    p.add_argument("--gpus-per-node", type=positive_int, default=1, metavar="N",
+    p.add_argument("--gpus-per-node", type=positive_int, default=None, metavar="N",
                    help="train data-parallel (DDP) on N GPUs of each type; batch sizes are "
-                        "per GPU (default 1)")
+                        "per GPU (default 1); with --n-gpus: GPUs per node (default 8)")
     p.add_argument("--max-memory-fraction", type=_fraction, default=0.9, metavar="F",
                    help="a configuration fits when its peak memory is at most F of the GPU's "
                         "memory (default 0.9)")
@@ -85,6 +85,24 @@ def add_parser(sub) -> None:
                    help="also print configurations that do not fit or miss a constraint")
     p.add_argument("--report", metavar="DIR",
                    help="write DIR/report.html (plots, self-contained) and DIR/search.json")
+    lay = p.add_argument_group(
+        "parallel layouts (large models): with --n-gpus and --global-batch, rank every "
+        "dp x tp x pp layout of N GPUs, with its micro-batch, ZeRO stage and recomputation")
+    lay.add_argument("--n-gpus", type=positive_int, metavar="N",
+                     help="GPUs in the job (of each type in --gpus; default type: H100-SXM5-80GB)")
+    lay.add_argument("--global-batch", type=positive_int, metavar="B",
+                     help="samples per optimizer step over all GPUs")
+    lay.add_argument("--zero", default="0,1,2,3", metavar="LIST",
+                     help="ZeRO stages to try (default 0,1,2,3; 3 is FSDP)")
+    lay.add_argument("--checkpoint", default="none,selective,full", metavar="LIST",
+                     help="recomputation to try (default none,selective,full)")
+    lay.add_argument("--max-micro-batch", type=positive_int, default=64, metavar="N",
+                     help="largest micro-batch per GPU to try (default 64)")
+    lay.add_argument("--sequence-parallel", action="store_true",
+                     help="Megatron sequence parallelism in every layout with tp > 1")
+    lay.add_argument("--inter-node-gbs", type=_positive_float, metavar="GBS",
+                     help="network between nodes, GB/s per GPU per direction "
+                          "(default: the system's, specs/network.toml)")
     add_step_arguments(p, "rank a no-grad forward pass instead of a training step")
     add_precision_arguments(p)
     add_spec_argument(p)
@@ -124,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
     from predictor import hardware
     from predictor.design_search import search
 
+    if args.n_gpus is not None or args.global_batch is not None:
+        return run_layouts(args)
+    if args.gpus_per_node is None:
+        args.gpus_per_node = 1
     load_specs(args.spec)
     gpus = hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
     prices = _prices(args.price)
@@ -220,6 +242,191 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
                 + "; --price-basis cloud|marketplace chooses, --price GPU=USD overrides")
     if result.best() is None:
         note.append("nothing fits: try smaller batch sizes, --dtype bfloat16, or more GPUs")
+    if report is not None:
+        note.append(f"report: {report}")
+    note.extend(lines)
+    out.print("\n".join(note), style="dim")
+
+
+# ------------------------------------------------------------------ layouts --
+
+LAYOUT_DEFAULT_GPU = "H100-SXM5-80GB"
+
+
+def _choices(text: str, flag: str, parse) -> tuple:
+    from predictor.errors import InvalidArgumentError
+
+    out = []
+    for item in (t.strip().lower() for t in str(text).split(",")):
+        if not item:
+            continue
+        try:
+            v = parse(item)
+        except (ValueError, KeyError):
+            from predictor.io import printable
+
+            raise InvalidArgumentError(f"{flag}: {printable(repr(item), 40)} is not one of "
+                                       "the choices") from None
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise InvalidArgumentError(f"{flag}: no choice given")
+    return tuple(out)
+
+
+def _zero(item: str) -> int:
+    if item not in ("0", "1", "2", "3"):
+        raise ValueError(item)
+    return int(item)
+
+
+def _checkpoint(item: str):
+    return {"none": None, "selective": "selective", "full": "full"}[item]
+
+
+def layout_rows(args, graph, gpus) -> list[dict]:
+    """Every layout of --n-gpus GPUs of each type, ranked (fitting first)."""
+    from predictor import layouts
+    from predictor.design_search import parse_price  # noqa: F401  (prices below)
+
+    zeros = _choices(args.zero, "--zero", _zero)
+    cks = _choices(args.checkpoint, "--checkpoint", _checkpoint)
+    prices = _prices(args.price)
+    rows = []
+    for g in gpus:
+        price = prices.get(g.id)
+        if price is None:
+            price = g.price(args.price_basis).usd_per_hour
+        for r in layouts.search_layouts(
+                graph, g, args.n_gpus, args.global_batch, dtype=args.dtype,
+                gpus_per_node=args.gpus_per_node or 8, checkpoints=cks, zeros=zeros,
+                max_micro_batch=args.max_micro_batch, inter_node_gbs=args.inter_node_gbs,
+                max_memory_fraction=args.max_memory_fraction,
+                sequence_parallel=args.sequence_parallel, tf32=(args.tf32 or None, None)):
+            r["usd_per_hour"] = None if price is None else float(price) * args.n_gpus
+            r["usd_per_step"] = None if price is None else \
+                float(price) * args.n_gpus * r["iteration_ms"] / 3.6e6
+            rows.append(r)
+    if args.objective == "cost":
+        key = lambda r: (not r["fits"], r["usd_per_step"] is None,  # noqa: E731
+                         r["usd_per_step"] or 0.0, r["iteration_ms"])
+    else:   # time and throughput rank alike: the global batch is fixed
+        key = lambda r: (not r["fits"], r["iteration_ms"])  # noqa: E731
+    rows.sort(key=key)
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    return rows
+
+
+def run_layouts(args: argparse.Namespace) -> int:
+    from predictor import hardware
+    from predictor.errors import InvalidArgumentError
+
+    if args.n_gpus is None or args.global_batch is None:
+        raise InvalidArgumentError("a layout search needs both --n-gpus and --global-batch")
+    given = [flag for flag, on in (("--batch-sizes", args.batch_sizes is not None),
+                                   ("--samples", args.samples is not None),
+                                   ("--epochs", args.epochs is not None),
+                                   ("--iterations", args.iterations is not None),
+                                   ("--constraint", bool(args.constraint)),
+                                   ("--inference", args.inference)) if on]
+    if given:
+        raise InvalidArgumentError(f"{', '.join(given)} cannot be used with --n-gpus "
+                                   "(micro-batches are searched: --max-micro-batch)")
+    load_specs(args.spec)
+    if args.gpus == "all":
+        args.gpus = LAYOUT_DEFAULT_GPU
+    gpus = hardware.database().resolve(args.gpus)
+    if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
+        raise InvalidArgumentError(f"--report {args.report}: exists and is not a folder")
+    # argument errors before the trace
+    _choices(args.zero, "--zero", _zero)
+    _choices(args.checkpoint, "--checkpoint", _checkpoint)
+    _prices(args.price)
+    graph = load_graph(args)
+    with console(stderr=True).status("pricing layouts ...", spinner="dots"):
+        rows = layout_rows(args, graph, gpus)
+    lines = notes(graph, gpus, args.dtype)
+    meta = {"model": graph.name, "n_gpus": args.n_gpus, "global_batch": args.global_batch,
+            "objective": args.objective, "gpus_per_node": args.gpus_per_node or 8,
+            "max_memory_fraction": args.max_memory_fraction, "amp": getattr(graph, "amp", None),
+            "dtype": args.dtype, "seq_len": graph.seq_len}
+    report = None
+    if args.report:
+        from predictor.report import write_layout_report
+
+        with console(stderr=True).status("writing the report ...", spinner="dots"):
+            report = write_layout_report(rows, meta, args.report, graph)
+    if args.json:
+        print(json.dumps({**meta, "notes": lines, "layouts": rows}, indent=2, default=str))
+        return 0
+    if args.csv:
+        import pandas as pd
+
+        df = pd.DataFrame(rows)
+        if len(df):
+            df = df.drop(columns=["stage_memory_gb", "memory_parts_gb"])
+        print(df.to_csv(index=False), end="")
+        print_notes_stderr(lines)
+        return 0
+    print_layout_table(graph, rows, meta, args.top, args.all, report, lines)
+    return 0
+
+
+LAYOUT_COLUMNS = [("#", "rank"), ("GPU", "gpu"), ("dp", "dp"), ("tp", "tp"), ("pp", "pp"),
+                  ("micro", "micro_batch"), ("mbs", "microbatches"), ("zero", "zero"),
+                  ("ckpt", "checkpoint"), ("iter ms", "iteration_ms"),
+                  ("compute", "compute_ms"), ("comm", "comm_ms"), ("bubble", "bubble_ms"),
+                  ("opt", "optimizer_ms")]
+
+
+def print_layout_table(graph, rows, meta, top: int, show_all: bool, report, lines=()) -> None:
+    from rich.table import Table
+
+    from predictor.commands.common import fmt
+
+    shown = [r for r in rows if show_all or r["fits"]][:top]
+    tokens = graph.seq_len is not None
+    title = (f"{graph.name} · {meta['n_gpus']} GPUs · global batch {meta['global_batch']}"
+             + (f" · seq {graph.seq_len}" if tokens else "")
+             + (f" · amp {meta['amp']}" if meta["amp"] else "")
+             + f" · objective {meta['objective']}")
+    table = Table(title=title, title_justify="left")
+    cols = list(LAYOUT_COLUMNS) + [("tokens/s" if tokens else "samples/s",
+                                    "tokens_per_s" if tokens else "samples_per_s")]
+    if meta["objective"] == "cost":
+        cols.append(("$/step", "usd_per_step"))
+    cols += [("GiB/GPU", "memory_gb"), ("fits", "fits")]
+    for label, _ in cols:
+        table.add_column(label, justify="left" if label in ("GPU", "ckpt") else "right",
+                         no_wrap=True)
+    for r in shown:
+        cells = []
+        for _, key in cols:
+            v = r.get(key)
+            if key == "checkpoint":
+                cells.append(v or "none")
+            elif key == "fits":
+                cells.append("yes" if v else "no")
+            elif key in ("rank", "dp", "tp", "pp", "micro_batch", "microbatches", "zero"):
+                cells.append(f"{int(v):,}")
+            elif v is None:
+                cells.append("no price")
+            else:
+                cells.append(fmt(v))
+        table.add_row(*cells, style=None if r["fits"] else "dim")
+    out = console()
+    if not out.is_terminal:
+        out.width = max(out.width, 200)
+    out.print(table)
+    fitting = sum(1 for r in rows if r["fits"])
+    note = [f"{len(rows):,} layouts, {fitting:,} fit in {meta['max_memory_fraction']:.0%} of GPU "
+            f"memory; showing {len(shown)}" + ("" if show_all else " (--all shows the rest)")
+            + ". micro: micro-batch per GPU; mbs: micro-batches per step (per pipeline); "
+              "comm: exposed TP + PP + DP communication; bubble: 1F1B pipeline bubble."]
+    if not fitting:
+        note.append("no layout fits: try more GPUs, --checkpoint full, or a smaller "
+                    "--max-micro-batch")
     if report is not None:
         note.append(f"report: {report}")
     note.extend(lines)

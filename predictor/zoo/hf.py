@@ -2,8 +2,8 @@
 
 No file or hub access: the config values are in this module and the models
 are built with ``from_config`` (random init), eager attention, no KV cache;
-the Llama models with PyTorch's fused attention (``sdpa``, the Hugging Face
-default and what Llama training runs: flash attention on the GPU).
+the Llama models with PyTorch's fused causal attention (``sdpa`` with
+``is_causal`` and no mask tensor, as Llama is trained: flash attention on the GPU).
 ``transformers`` is imported lazily so ``import predictor.zoo`` stays fast.
 
 Training heads: BERT uses ``BertForPreTraining`` (MLM + NSP heads, loss is the
@@ -204,8 +204,27 @@ def build_opt() -> nn.Module:
     return _causal_lm(opt_config())
 
 
+CAUSAL_SDPA = "predictor_causal_sdpa"
+
+
+def _register_causal_sdpa() -> str:
+    """An attention implementation that is transformers' SDPA with no mask
+    tensor: causal attention through SDPA's ``is_causal`` (flash attention on
+    the GPU). On unpacked sequences with no padding, transformers itself skips
+    the mask this way on a GPU, but under fake tensors it cannot read the
+    position ids to rule out packed sequences and materialises a
+    (batch, 1, seq, seq) mask per layer, which a training run does not have."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    AttentionMaskInterface.register(CAUSAL_SDPA, lambda *args, **kwargs: None)
+    return CAUSAL_SDPA
+
+
 def build_llama(name: str, layers: int | None = None) -> nn.Module:
-    return _causal_lm(llama_config(name, layers), attn="sdpa")
+    return _causal_lm(llama_config(name, layers), attn=_register_causal_sdpa())
 
 
 # --------------------------------------------------------------------------- inputs / losses
