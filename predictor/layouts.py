@@ -202,11 +202,21 @@ class Link:
 
 
 def link(gpu, par: Parallel, n: int, stride: int) -> Link:
-    """The link a group of `n` ranks `stride` apart runs on."""
+    """The link a group of `n` ranks `stride` apart runs on.
+
+    A group that spans nodes with ``k`` of its ranks in each node runs its
+    ring collectives at ``k`` NICs' bandwidth (NCCL runs one ring per NIC, each
+    crossing between nodes on its own NIC; within a node the ring hops over
+    NVLink): the bus bandwidth of a ring across whole 8-GPU nodes is the
+    node's NIC bandwidth (nccl-tests: 4 x 200 Gb/s HDR per node, 100 GB/s bus
+    bandwidth, 85-96 GB/s measured, NVIDIA/nccl-tests#119), never more than
+    NVLink's. A group with one rank per node (``stride >= gpus_per_node``)
+    crosses on one NIC per rank."""
     intra = Link(ddp.link_gbs(gpu) * ddp.ALLREDUCE_EFFICIENCY, ddp.HOP_LATENCY_US)
     if n * stride <= par.gpus_per_node:
         return intra
-    inter = inter_node_gbs(gpu, par) * INTER_NODE_EFFICIENCY
+    per_node = max(1, min(n, par.gpus_per_node // max(stride, 1)))
+    inter = inter_node_gbs(gpu, par) * INTER_NODE_EFFICIENCY * per_node
     return Link(min(intra.gbs, inter), INTER_NODE_LATENCY_US)
 
 

@@ -177,8 +177,13 @@ def test_collective_costs():
     par = predictor.Parallel(dp=4, tp=8, gpus_per_node=8)
     intra, inter = layouts.link(g, par, 8, 1), layouts.link(g, par, 4, 8)
     assert intra.gbs > inter.gbs == pytest.approx(50 * layouts.INTER_NODE_EFFICIENCY)
+    # a ring over whole nodes crosses on every NIC of the node (8 ranks per node here)
     assert layouts.link(g, predictor.Parallel(inter_node_gbs=10.0), 16, 1).gbs == \
-        pytest.approx(10 * layouts.INTER_NODE_EFFICIENCY)
+        pytest.approx(8 * 10 * layouts.INTER_NODE_EFFICIENCY)
+    # two ranks per node: two NICs' worth; never above NVLink
+    assert layouts.link(g, predictor.Parallel(inter_node_gbs=10.0), 8, 4).gbs == \
+        pytest.approx(2 * 10 * layouts.INTER_NODE_EFFICIENCY)
+    assert layouts.link(g, predictor.Parallel(inter_node_gbs=1e4), 16, 1).gbs == intra.gbs
 
 
 def test_single_gpu_prediction_unchanged(gpt):
