@@ -316,6 +316,7 @@ def test_cli_driver_killed_then_resumed(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "0 computed" in r.stdout and "13 read from" in r.stdout
     assert "no such block" in r.stdout
+    assert "cand/s" not in r.stderr  # no progress bar when stderr is not a terminal
     r = _cli(args + ["--json"])
     data = json.loads(r.stdout)
     assert data["computed"] == 0 and len(data["rows"]) == 12 and len(data["failures"]) == 1

@@ -82,7 +82,8 @@ def add_parser(sub) -> None:
                    help="rows to print (default 15)")
     p.add_argument("--all", action="store_true",
                    help="also print rows that do not fit or miss a constraint")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (it is shown only when stderr is a terminal)")
     add_spec_argument(p)
     add_format_arguments(p, csv_help="print every row as CSV")
 
@@ -130,6 +131,15 @@ def load_space(text: str):
     return obj
 
 
+def _stderr_is_terminal() -> bool:
+    """The progress bar goes to a terminal only: stderr piped or captured
+    carries notes and one-line errors, nothing timed."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from predictor import hardware
     from predictor.exploration import explore
@@ -146,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
                   mode="inference" if args.inference else "train",
                   optimizer=None if args.optimizer == "none" else args.optimizer,
                   dtype=args.dtype, prices=prices or None, chunk_size=args.chunk_size,
-                  retry_failed=args.retry_failed, progress=not args.quiet)
+                  retry_failed=args.retry_failed,
+                  progress=not args.quiet and _stderr_is_terminal())
     if args.json:
         print(json.dumps({"space": space.name, "candidates": res.candidates,
                           "computed": res.computed, "reused": res.reused,
