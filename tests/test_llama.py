@@ -48,7 +48,7 @@ def test_two_layer_llama_traces_with_megatron_pairs():
     assert col == {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} and len(lp.column_parallel) == 10
     assert row == {"o_proj", "down_proj"} and len(lp.row_parallel) == 4
     assert set(lp.vocab_parallel) == {"lm_head.weight", "model.embed_tokens.weight"}
-    assert not lp.unsharded_linears
+    assert not lp.unsharded_linears and not lp.kept_whole   # RoPE backward included
     # SDPA: the fused attention family, not matmul-softmax-matmul
     fams = {predictor.kernels.layout.FAMILY_NAMES[f] for f in np.unique(g.ops.family)}
     assert "attention" in fams

@@ -251,13 +251,16 @@ def run_layout(args, graph, gpus, par, ck) -> int:
              f"{graph.batch_size} · global batch {graph.batch_size * par.microbatches * par.dp}"
              f" · checkpoint {ck or 'none'}")
     table = Table(title=title, title_justify="left")
+    tokens = graph.seq_len is not None
     for label in ("GPU", "iter ms", "compute ms", "comm ms", "bubble ms", "opt ms",
-                  "samples/s", "GiB/GPU", "fits"):
+                  "samples/s") + (("tokens/s/GPU",) if tokens else ()) + ("GiB/GPU", "fits"):
         table.add_column(label, justify="left" if label == "GPU" else "right", no_wrap=True)
     for p in preds:
         table.add_row(p.gpu, f"{p.iteration_ms:,.1f}", f"{p.compute_ms:,.1f}",
                       f"{p.comm_ms:,.1f}", f"{p.bubble_ms:,.1f}", f"{p.optimizer_ms:,.1f}",
-                      f"{p.throughput:,.1f}", f"{p.memory_gb:,.1f}", "yes" if p.fits else "no")
+                      f"{p.throughput:,.1f}",
+                      *((f"{p.tokens_per_s / par.gpus:,.0f}",) if tokens else ()),
+                      f"{p.memory_gb:,.1f}", "yes" if p.fits else "no")
     out = console()
     out.print(table)
     out.print(sharded)

@@ -247,6 +247,17 @@ class _Propagator:
             if name == "unbind":
                 return _WHOLE if a == dim else [a - (1 if a > dim else 0)] * len(val)
             return [a] * len(val)
+        if name in ("slice_backward", "select_backward"):
+            # the gradient of a slice (RoPE's rotate_half) scattered back into the
+            # input's shape: sharded the same way unless the slice cut the sharded axis
+            a = self.get(args[0])
+            rank = len(_shape(args[0]) or ())
+            dim = _norm_axis(int(args[2]), rank + (1 if name == "select_backward" else 0))
+            if a is None or isinstance(a, (list, tuple)) or a == PARTIAL:
+                return _WHOLE
+            if name == "select_backward":
+                a = a + (1 if a >= dim else 0)
+            return _WHOLE if a == dim else a
         if name == "cat":
             axes = {self.get(t) for t in args[0]}
             return axes.pop() if len(axes) == 1 and None not in axes else _WHOLE
