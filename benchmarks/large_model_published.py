@@ -2,6 +2,7 @@
 
     python -m benchmarks.large_model_published                      # traces each model once
     python -m benchmarks.large_model_published --graphs /tmp/graphs  # keeps the traces there
+    python -m benchmarks.large_model_published --bf16-module         # torchtitan's program
 
 A reported check, not a fit: nothing in the predictor is tuned to these
 figures. Each row is one published configuration: the zoo's Llama model traced
@@ -26,7 +27,10 @@ corrected for: torchtitan's Llama is its own module (bf16 parameters under
 FSDP's mixed precision, not autocast over Hugging Face's LlamaForCausalLM,
 whose RMSNorm and residual stream run in fp32); the H100 figures are
 Grand Teton H100s with 96 GB HBM2e at a 500 W power limit, predicted as
-H100-SXM5-80GB (700 W), which the source says peaks higher.
+H100-SXM5-80GB (700 W), which the source says peaks higher. ``--bf16-module``
+predicts torchtitan's program instead: the fp32 trace with every op in bf16
+(``dtype="bfloat16"``: bf16 activations, norms included), model states
+2 + 2 + 12 bytes per parameter, all sharded by FSDP as under autocast.
 """
 
 from __future__ import annotations
@@ -57,27 +61,28 @@ PUBLISHED = [
 ]
 
 
-def graph(name: str, seq: int, folder: str | None):
-    """The zoo model's training step under bf16 autocast (traced once, kept in `folder`)."""
+def graph(name: str, seq: int, folder: str | None, amp: str | None = "bf16"):
+    """The zoo model's training step under bf16 autocast, or in fp32 with
+    `amp=None` (traced once, kept in `folder`)."""
     import predictor
 
     if folder:
-        path = Path(folder) / f"{name}-s{seq}-bf16.npz"
+        path = Path(folder) / f"{name}-s{seq}-{amp or 'fp32'}.npz"
         if path.exists():
             return predictor.Graph.load(path)
-    g = predictor.trace(name, seq_len=seq, amp="bf16")
+    g = predictor.trace(name, seq_len=seq, amp=amp)
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         g.save(path)
     return g
 
 
-def predict(g, gpu: str, n: int, local_batch: int, ac: str):
+def predict(g, gpu: str, n: int, local_batch: int, ac: str, dtype=None):
     """(tokens/s per GPU, GiB per GPU) for FSDP over `n` GPUs."""
     import predictor
 
     def one(ck):
-        p = predictor.predict(g, gpu, batch_size=local_batch, checkpoint=ck,
+        p = predictor.predict(g, gpu, batch_size=local_batch, checkpoint=ck, dtype=dtype,
                               parallel=predictor.Parallel(dp=n, fsdp=True))
         return p.tokens_per_s / n, p.memory_gb
 
@@ -93,14 +98,17 @@ def predict(g, gpu: str, n: int, local_batch: int, ac: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graphs", help="folder to keep the traced graphs in (reused when there)")
+    ap.add_argument("--bf16-module", action="store_true",
+                    help="the fp32 trace run in bf16 (torchtitan's bf16 module) instead of autocast")
     args = ap.parse_args(argv)
+    amp, dtype = (None, "bfloat16") if args.bf16_module else ("bf16", None)
     rows = []
     cache = {}
     for name, seq, n, lb, ac, tps, mem, gpu, src in PUBLISHED:
         key = (name, seq)
         if key not in cache:
-            cache[key] = graph(name, seq, args.graphs)
-        t, m = predict(cache[key], gpu, n, lb, ac)
+            cache[key] = graph(name, seq, args.graphs, amp)
+        t, m = predict(cache[key], gpu, n, lb, ac, dtype)
         rows.append((name, seq, gpu, n, lb, ac, tps, t, mem, m, src))
     print("| model | seq | GPU (predicted as) | GPUs | local batch | AC | published tok/s/GPU "
           "| predicted | error | published GiB/GPU | predicted | error |")
