@@ -763,6 +763,37 @@ def search_layouts(graph, gpu: str, n_gpus: int, global_batch: int, *,
     g = hardware.get(gpu) if isinstance(gpu, str) else gpu
     cache: dict = {}
     rows = []
+    for tp, pp, dp, micro, mb, zero, ck in _layouts(graph, lp, n_gpus, global_batch,
+                                                    gpus_per_node, max_micro_batch, zeros,
+                                                    checkpoints):
+        par = Parallel(dp=dp, tp=tp, pp=pp, microbatches=mb, zero=zero,
+                       gpus_per_node=gpus_per_node,
+                       inter_node_gbs=inter_node_gbs,
+                       sequence_parallel=sequence_parallel and tp > 1)
+        p = predict_parallel(graph, g, micro, par, ck, dtype=dtype, tf32=tf32,
+                             max_memory_fraction=max_memory_fraction,
+                             _cache=cache)
+        d = p.to_dict()
+        d["gpu_hours_per_step"] = p.iteration_ms / 3.6e6 * n_gpus
+        d["memory_limit_gb"] = g.memory_gb * max_memory_fraction
+        rows.append(d)
+    key = "iteration_ms" if objective == "time" else "gpu_hours_per_step"
+    rows.sort(key=lambda r: (not r["fits"], r[key]))
+    return rows
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+MAX_LAYOUTS = 50_000
+
+
+def _layouts(graph, lp, n_gpus: int, global_batch: int, gpus_per_node: int,
+             max_micro_batch: int, zeros, checkpoints):
+    """(tp, pp, dp, micro-batch, micro-batches, zero, checkpoint) of every layout."""
+    out = []
     for tp in _divisors(n_gpus):
         if tp > gpus_per_node:
             continue
@@ -775,7 +806,7 @@ def search_layouts(graph, gpu: str, n_gpus: int, global_batch: int, *,
             per_dp = global_batch // dp
             for micro in _divisors(per_dp):
                 if micro > max_micro_batch:
-                    continue
+                    break
                 mb = per_dp // micro
                 if pp > 1 and mb < pp:
                     continue
@@ -783,21 +814,10 @@ def search_layouts(graph, gpu: str, n_gpus: int, global_batch: int, *,
                     if zero and dp == 1:
                         continue
                     for ck in checkpoints:
-                        par = Parallel(dp=dp, tp=tp, pp=pp, microbatches=mb, zero=zero,
-                                       gpus_per_node=gpus_per_node,
-                                       inter_node_gbs=inter_node_gbs,
-                                       sequence_parallel=sequence_parallel and tp > 1)
-                        p = predict_parallel(graph, g, micro, par, ck, dtype=dtype, tf32=tf32,
-                                             max_memory_fraction=max_memory_fraction,
-                                             _cache=cache)
-                        d = p.to_dict()
-                        d["gpu_hours_per_step"] = p.iteration_ms / 3.6e6 * n_gpus
-                        d["memory_limit_gb"] = g.memory_gb * max_memory_fraction
-                        rows.append(d)
-    key = "iteration_ms" if objective == "time" else "gpu_hours_per_step"
-    rows.sort(key=lambda r: (not r["fits"], r[key]))
-    return rows
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+                        out.append((tp, pp, dp, micro, mb, zero, ck))
+                        if len(out) > MAX_LAYOUTS:
+                            raise InvalidArgumentError(
+                                f"more than {MAX_LAYOUTS:,} layouts of {n_gpus:,} GPUs at global "
+                                f"batch {global_batch:,}: narrow the search (ZeRO stages, "
+                                "recomputation, the largest micro-batch)")
+    return out

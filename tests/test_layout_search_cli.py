@@ -104,3 +104,25 @@ def test_report_shows_time_split_and_memory_per_gpu(saved, capsys, tmp_path):
     assert set(best["memory_parts_gb"]) == {"model_states", "activations", "weight_copies",
                                             "transient", "gathered_params", "context_workspace"}
     assert sum(best["memory_parts_gb"].values()) == pytest.approx(best["memory_gb"])
+
+
+def test_huge_and_empty_searches_answer_quickly(saved, capsys):
+    import time
+
+    t = time.time()
+    rc, out, _ = _run(["search", saved, "--n-gpus", "1048576", "--global-batch", "1073741824",
+                       "--json"], capsys)
+    rows = json.loads(out)["layouts"]
+    assert rc == 0 and rows and all(r["dp"] * r["tp"] * r["pp"] == 1048576 for r in rows)
+    # 1009 GPUs (prime) cannot split a global batch of 4: no layout, said in the table
+    rc, out, _ = _run(["search", saved, "--n-gpus", "1009", "--global-batch", "4"], capsys)
+    assert rc == 0 and "0 layouts" in out and "no layout: no dp x tp x pp of 1,009 GPUs" in out
+    assert time.time() - t < 60
+
+
+def test_too_many_layouts_is_one_line(saved, capsys, monkeypatch):
+    from predictor import layouts
+
+    monkeypatch.setattr(layouts, "MAX_LAYOUTS", 10)
+    rc, _, err = _run(["search", saved, *ARGS], capsys)
+    assert rc == 2 and "narrow the search" in err and err.strip().count("\n") == 0

@@ -424,7 +424,11 @@ def print_layout_table(graph, rows, meta, top: int, show_all: bool, report, line
             f"memory; showing {len(shown)}" + ("" if show_all else " (--all shows the rest)")
             + ". micro: micro-batch per GPU; mbs: micro-batches per step (per pipeline); "
               "comm: exposed TP + PP + DP communication; bubble: 1F1B pipeline bubble."]
-    if not fitting:
+    if not rows:
+        note.append(f"no layout: no dp x tp x pp of {meta['n_gpus']:,} GPUs (tp within a node, "
+                    f"pp at most the model's {graph.layout.n_blocks} blocks) splits a global "
+                    f"batch of {meta['global_batch']:,} into whole micro-batches")
+    elif not fitting:
         note.append("no layout fits: try more GPUs, --checkpoint full, or a smaller "
                     "--max-micro-batch")
     if report is not None:
