@@ -12,7 +12,7 @@ import pytest
 
 from predictor.cli import main
 
-from tests.test_llama import llama_graph
+from test_llama import llama_graph  # the same module object pytest imported (one trace)
 
 
 @pytest.fixture(scope="module")
