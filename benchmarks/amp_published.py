@@ -8,6 +8,14 @@ figures. Each row: (model, GPU, precision, batch size per GPU, published
 samples/s, source). Precision "tf32" is fp32 with TF32 matmuls and convolutions
 (what NVIDIA's "TF32" columns run), "fp32" is fp32 on a GPU without TF32, "amp"
 is torch.autocast fp16 with a GradScaler.
+
+Two publishers: NVIDIA's own DeepLearningExamples READMEs (A100, V100) and
+Lambda's PyTorch benchmark tables (github.com/lambdal/deeplearning-benchmark,
+which run the same DeepLearningExamples scripts on 1 GPU of each of its
+machines: ResNet-50 v1.5 and BERT-large SQuAD fine-tuning at sequence 384).
+The summary gives the mean |error| and the Spearman rank correlation across
+GPUs for each publisher, model and precision (a ranking is only taken within
+one publisher: the two run different batch sizes and software).
 """
 
 from __future__ import annotations
@@ -36,6 +44,102 @@ PUBLISHED = [
     ("bert-large-squad", "V100-SXM2-32GB", "fp32", 8, 12.0, BERT),
     ("bert-large-squad", "V100-SXM2-32GB", "amp", 16, 52.0, BERT),
 ]
+
+_LAMBDA = "https://github.com/lambdal/deeplearning-benchmark/blob/{c}/pytorch/{f}"
+LAMBDA_AMP = ("Lambda, " + _LAMBDA.format(c="0235381f1bf0c4550a981f7e81f90e72f175756f",
+                                           f="pytorch-train-throughput-fp16.json")
+              + " (1-GPU rows; batch per GPU from "
+              + _LAMBDA.format(c="a25f47cdf04e228bc25bbec43ee4cce77783669a",
+                               f="pytorch-train-bs-fp16.csv") + ")")
+LAMBDA_FP32 = ("Lambda, " + _LAMBDA.format(c="ca7748dbe3d2d2e8f86c3d4d5730c24d8a6a10a0",
+                                            f="pytorch-train-throughput-fp32.csv")
+               + " (1-GPU rows; batch per GPU from "
+               + _LAMBDA.format(c="4905449e9217c10ab9661bbaaeebf2490b55b103",
+                                f="pytorch-train-bs-fp32.csv") + ")")
+
+# Lambda's fp16 columns are DeepLearningExamples' AMP runs; its fp32 columns run
+# in NGC containers with TF32 on, so they are "tf32" on Ampere and newer. Only
+# the GPUs that have both a throughput and a batch-size row are taken (Lambda
+# publishes no batch size for its 1-GPU fp32 V100, A10 and H100 SXM5 runs), and
+# only those in specs/gpus.toml (no Quadro RTX 8000). "LambdaCloud V100 16GB"
+# is taken as the SXM2 part (Lambda Cloud's V100 instances; its fp32 ResNet-50,
+# 369 images/s, matches NVIDIA's DGX-1 V100 16GB, 367).
+PUBLISHED += [
+    # (model, GPU, precision, batch, samples/s, source)
+    ("resnet50", "V100-SXM2-16GB", "amp", 256, 833.0, LAMBDA_AMP),
+    ("resnet50", "RTX-3090", "amp", 448, 905.0, LAMBDA_AMP),
+    ("resnet50", "A100-PCIE-40GB", "amp", 720, 1396.0, LAMBDA_AMP),
+    ("resnet50", "A100-PCIE-80GB", "amp", 1280, 1527.0, LAMBDA_AMP),
+    ("resnet50", "A100-SXM4-80GB", "amp", 1280, 1582.0, LAMBDA_AMP),
+    ("resnet50", "RTX-6000-ADA", "amp", 928, 1146.0, LAMBDA_AMP),
+    ("resnet50", "RTX-A6000", "amp", 928, 916.0, LAMBDA_AMP),
+    ("resnet50", "RTX-4090", "amp", 448, 1301.0, LAMBDA_AMP),
+    ("resnet50", "H100-PCIE-80GB", "amp", 1280, 1866.0, LAMBDA_AMP),
+    ("bert-large-squad", "V100-SXM2-16GB", "amp", 16, 57.0, LAMBDA_AMP),
+    ("bert-large-squad", "RTX-3090", "amp", 28, 52.0, LAMBDA_AMP),
+    ("bert-large-squad", "A100-PCIE-40GB", "amp", 48, 117.0, LAMBDA_AMP),
+    ("bert-large-squad", "A100-PCIE-80GB", "amp", 112, 140.0, LAMBDA_AMP),
+    ("bert-large-squad", "A100-SXM4-80GB", "amp", 112, 152.0, LAMBDA_AMP),
+    ("bert-large-squad", "RTX-6000-ADA", "amp", 64, 79.0, LAMBDA_AMP),
+    ("bert-large-squad", "RTX-A6000", "amp", 64, 68.0, LAMBDA_AMP),
+    ("bert-large-squad", "RTX-4090", "amp", 28, 93.0, LAMBDA_AMP),
+    ("bert-large-squad", "H100-PCIE-80GB", "amp", 112, 203.0, LAMBDA_AMP),
+    ("resnet50", "RTX-3090", "tf32", 224, 513.0, LAMBDA_FP32),
+    ("resnet50", "A100-PCIE-40GB", "tf32", 360, 882.0, LAMBDA_FP32),
+    ("resnet50", "A100-PCIE-80GB", "tf32", 640, 1014.0, LAMBDA_FP32),
+    ("resnet50", "A100-SXM4-80GB", "tf32", 640, 1066.0, LAMBDA_FP32),
+    ("resnet50", "RTX-A6000", "tf32", 496, 514.0, LAMBDA_FP32),
+    ("resnet50", "RTX-4090", "tf32", 224, 721.0, LAMBDA_FP32),
+    ("resnet50", "H100-PCIE-80GB", "tf32", 640, 1197.0, LAMBDA_FP32),
+    ("bert-large-squad", "RTX-3090", "tf32", 16, 24.0, LAMBDA_FP32),
+    ("bert-large-squad", "A100-PCIE-40GB", "tf32", 28, 53.0, LAMBDA_FP32),
+    ("bert-large-squad", "A100-PCIE-80GB", "tf32", 64, 70.0, LAMBDA_FP32),
+    ("bert-large-squad", "A100-SXM4-80GB", "tf32", 64, 75.0, LAMBDA_FP32),
+    ("bert-large-squad", "RTX-A6000", "tf32", 32, 33.0, LAMBDA_FP32),
+    ("bert-large-squad", "RTX-4090", "tf32", 16, 44.0, LAMBDA_FP32),
+    ("bert-large-squad", "H100-PCIE-80GB", "tf32", 64, 97.0, LAMBDA_FP32),
+]
+
+
+def publisher(source: str) -> str:
+    return source.split(",", 1)[0].split()[0]
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation (ties get their mean rank); nan under 3 points."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.size < 3:
+        return float("nan")
+
+    def ranks(x):
+        order = np.argsort(x, kind="mergesort")
+        r = np.empty(x.size)
+        r[order] = np.arange(x.size, dtype=float)
+        for v in np.unique(x):
+            tie = x == v
+            r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return float((ra * rb).sum() / den) if den > 0 else float("nan")
+
+
+def summary(rows) -> list[dict]:
+    """Mean |error| and the rank correlation across GPUs per publisher, model, precision."""
+    out = []
+    keys = dict.fromkeys((publisher(r["source"]), r["model"],
+                          "fp32/tf32" if r["precision"] in ("fp32", "tf32") else r["precision"])
+                         for r in rows)
+    for pub, model, prec in keys:
+        g = [r for r in rows if publisher(r["source"]) == pub and r["model"] == model
+             and ("fp32/tf32" if r["precision"] in ("fp32", "tf32") else r["precision"]) == prec]
+        out.append({"publisher": pub, "model": model, "precision": prec, "gpus": len(g),
+                    "mean_abs_error_pct": float(np.mean([abs(r["error_pct"]) for r in g])),
+                    "spearman": spearman([r["published"] for r in g],
+                                         [r["predicted"] for r in g])})
+    return out
 
 SQUAD_SEQ = 384
 
@@ -101,11 +205,17 @@ def main(argv=None) -> int:
                     help="comma-separated models of the table (default: all)")
     args = ap.parse_args(argv)
     rows = run(None if args.models is None else args.models.split(","))
-    print("| model | GPU | precision | batch | published samples/s | predicted | error |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| publisher | model | GPU | precision | batch | published samples/s | predicted | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | "
-              f"{r['published']:,g} | {r['predicted']:,.1f} | {r['error_pct']:+.1f} % |")
+        print(f"| {publisher(r['source'])} | {r['model']} | {r['gpu']} | {r['precision']} | "
+              f"{r['batch']} | {r['published']:,g} | {r['predicted']:,.1f} | "
+              f"{r['error_pct']:+.1f} % |")
+    print("\n| publisher | model | precision | GPUs | mean abs error | Spearman across GPUs |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for s in summary(rows):
+        print(f"| {s['publisher']} | {s['model']} | {s['precision']} | {s['gpus']} | "
+              f"{s['mean_abs_error_pct']:.1f} % | {s['spearman']:.2f} |")
     err = np.array([abs(r["error_pct"]) for r in rows])
     print(f"\nmean |error| {err.mean():.1f} % over {len(rows)} figures")
     for model in dict.fromkeys(r["model"] for r in rows):

@@ -1,0 +1,62 @@
+"""The published-throughput table of benchmarks/amp_published.py: well-formed rows
+and the rank correlation it reports (no tracing here: the run itself is a benchmark)."""
+
+import math
+
+import numpy as np
+import pytest
+
+import predictor
+from benchmarks import amp_published as ap
+
+
+def test_every_row_names_a_known_gpu_a_precision_and_a_source():
+    known = set(predictor.gpus()["id"])
+    arch = dict(zip(predictor.gpus()["id"], predictor.gpus()["architecture"]))
+    for model, gpu, prec, batch, published, source in ap.PUBLISHED:
+        assert gpu in known, gpu
+        assert model in ("resnet50", "bert-large-squad")
+        assert prec in ("fp32", "tf32", "amp")
+        assert isinstance(batch, int) and batch > 0
+        assert math.isfinite(published) and published > 0
+        assert ap.publisher(source) in ("NVIDIA", "Lambda")
+        # TF32 only exists on Ampere and newer; plain fp32 rows are pre-Ampere GPUs.
+        if prec == "tf32":
+            assert str(arch[gpu]).lower() in ("ampere", "ada", "hopper", "blackwell"), gpu
+        if prec == "fp32":
+            assert str(arch[gpu]).lower() in ("volta", "turing", "pascal"), gpu
+
+
+def test_no_duplicate_configuration():
+    keys = [(ap.publisher(s), m, g, p) for m, g, p, _, _, s in ap.PUBLISHED]
+    assert len(keys) == len(set(keys))
+
+
+def test_at_least_six_gpus_per_model_and_precision_from_one_publisher():
+    for model in ("resnet50", "bert-large-squad"):
+        for prec in (("amp",), ("fp32", "tf32")):
+            gpus = {g for m, g, p, _, _, s in ap.PUBLISHED
+                    if m == model and p in prec and ap.publisher(s) == "Lambda"}
+            assert len(gpus) >= 6, (model, prec, gpus)
+
+
+def test_spearman():
+    assert ap.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert ap.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert ap.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    # ties take their mean rank (scipy.stats.spearmanr gives 0.9487 here)
+    assert ap.spearman([1, 2, 3, 4], [1, 2, 2, 4]) == pytest.approx(0.9486833, abs=1e-6)
+    assert math.isnan(ap.spearman([1, 2], [1, 2]))
+
+
+def test_summary_groups_by_publisher_model_and_precision():
+    rows = [{"source": "Lambda, x", "model": "m", "precision": p, "gpu": g,
+             "published": pub, "predicted": pred, "error_pct": 100 * (pred - pub) / pub}
+            for p, g, pub, pred in [("amp", "a", 10, 11), ("amp", "b", 20, 18), ("amp", "c", 30, 33),
+                                    ("tf32", "a", 5, 5), ("fp32", "b", 6, 6.6)]]
+    s = {(r["publisher"], r["precision"]): r for r in ap.summary(rows)}
+    assert set(s) == {("Lambda", "amp"), ("Lambda", "fp32/tf32")}
+    assert s[("Lambda", "amp")]["gpus"] == 3
+    assert s[("Lambda", "amp")]["mean_abs_error_pct"] == pytest.approx(np.mean([10, 10, 10]))
+    assert s[("Lambda", "amp")]["spearman"] == pytest.approx(1.0)
+    assert s[("Lambda", "fp32/tf32")]["gpus"] == 2
