@@ -45,23 +45,20 @@ PUBLISHED = [
     ("bert-large-squad", "V100-SXM2-32GB", "amp", 16, 52.0, BERT),
 ]
 
-_LAMBDA = "https://github.com/lambdal/deeplearning-benchmark/blob/{c}/pytorch/{f}"
-LAMBDA_AMP = ("Lambda, " + _LAMBDA.format(c="0235381f1bf0c4550a981f7e81f90e72f175756f",
-                                           f="pytorch-train-throughput-fp16.json")
+_LAMBDA = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
+           "0235381f1bf0c4550a981f7e81f90e72f175756f/pytorch/{}")
+LAMBDA_AMP = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json")
               + " (1-GPU rows; batch per GPU from "
-              + _LAMBDA.format(c="a25f47cdf04e228bc25bbec43ee4cce77783669a",
-                               f="pytorch-train-bs-fp16.csv") + ")")
-LAMBDA_FP32 = ("Lambda, " + _LAMBDA.format(c="ca7748dbe3d2d2e8f86c3d4d5730c24d8a6a10a0",
-                                            f="pytorch-train-throughput-fp32.csv")
+              + _LAMBDA.format("pytorch-train-bs-fp16.json") + ")")
+LAMBDA_FP32 = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp32.json")
                + " (1-GPU rows; batch per GPU from "
-               + _LAMBDA.format(c="4905449e9217c10ab9661bbaaeebf2490b55b103",
-                                f="pytorch-train-bs-fp32.csv") + ")")
+               + _LAMBDA.format("pytorch-train-bs-fp32.json") + ")")
 
 # Lambda's fp16 columns are DeepLearningExamples' AMP runs; its fp32 columns run
 # in NGC containers with TF32 on, so they are "tf32" on Ampere and newer. Only
-# the GPUs that have both a throughput and a batch-size row are taken (Lambda
-# publishes no batch size for its 1-GPU fp32 V100, A10 and H100 SXM5 runs), and
-# only those in specs/gpus.toml (no Quadro RTX 8000). "LambdaCloud V100 16GB"
+# the GPUs that have both a throughput and a batch-size row at that commit are
+# taken (its A10 and H100 SXM5 rows came later, without batch sizes), and only
+# those in specs/gpus.toml (no Quadro RTX 8000). "LambdaCloud V100 16GB"
 # is taken as the SXM2 part (Lambda Cloud's V100 instances; its fp32 ResNet-50,
 # 369 images/s, matches NVIDIA's DGX-1 V100 16GB, 367).
 PUBLISHED += [
@@ -84,17 +81,21 @@ PUBLISHED += [
     ("bert-large-squad", "RTX-A6000", "amp", 64, 68.0, LAMBDA_AMP),
     ("bert-large-squad", "RTX-4090", "amp", 28, 93.0, LAMBDA_AMP),
     ("bert-large-squad", "H100-PCIE-80GB", "amp", 112, 203.0, LAMBDA_AMP),
+    ("resnet50", "V100-SXM2-16GB", "fp32", 128, 369.0, LAMBDA_FP32),
     ("resnet50", "RTX-3090", "tf32", 224, 513.0, LAMBDA_FP32),
     ("resnet50", "A100-PCIE-40GB", "tf32", 360, 882.0, LAMBDA_FP32),
     ("resnet50", "A100-PCIE-80GB", "tf32", 640, 1014.0, LAMBDA_FP32),
     ("resnet50", "A100-SXM4-80GB", "tf32", 640, 1066.0, LAMBDA_FP32),
+    ("resnet50", "RTX-6000-ADA", "tf32", 496, 647.0, LAMBDA_FP32),
     ("resnet50", "RTX-A6000", "tf32", 496, 514.0, LAMBDA_FP32),
     ("resnet50", "RTX-4090", "tf32", 224, 721.0, LAMBDA_FP32),
     ("resnet50", "H100-PCIE-80GB", "tf32", 640, 1197.0, LAMBDA_FP32),
+    ("bert-large-squad", "V100-SXM2-16GB", "fp32", 8, 12.0, LAMBDA_FP32),
     ("bert-large-squad", "RTX-3090", "tf32", 16, 24.0, LAMBDA_FP32),
     ("bert-large-squad", "A100-PCIE-40GB", "tf32", 28, 53.0, LAMBDA_FP32),
     ("bert-large-squad", "A100-PCIE-80GB", "tf32", 64, 70.0, LAMBDA_FP32),
     ("bert-large-squad", "A100-SXM4-80GB", "tf32", 64, 75.0, LAMBDA_FP32),
+    ("bert-large-squad", "RTX-6000-ADA", "tf32", 32, 44.0, LAMBDA_FP32),
     ("bert-large-squad", "RTX-A6000", "tf32", 32, 33.0, LAMBDA_FP32),
     ("bert-large-squad", "RTX-4090", "tf32", 16, 44.0, LAMBDA_FP32),
     ("bert-large-squad", "H100-PCIE-80GB", "tf32", 64, 97.0, LAMBDA_FP32),
