@@ -143,8 +143,12 @@ def _steps(model, opt, ids, mt=None, rec=None) -> None:
             mt.reset_mod_stats()
 
 
-def fsdp_measure(world: int, batch: int) -> dict:
-    """Peak bytes per rank (FSDPMemTracker) and the collectives of one FSDP2 step."""
+def fsdp_measure(world: int, batch: int, reshard: bool = True) -> dict:
+    """Peak bytes per rank (FSDPMemTracker) and the collectives of one FSDP2
+    step. `reshard=True`: fully_shard's default (None: non-root units
+    resharded after forward, the root kept gathered for backward);
+    `reshard=False`: every unit kept gathered from forward to backward
+    (FSDP's SHARD_GRAD_OP, ZeRO-2's communication)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import fully_shard
@@ -152,8 +156,8 @@ def fsdp_measure(world: int, batch: int) -> dict:
         torch.manual_seed(0)
         model = GPT()
         for blk in model.blocks:
-            fully_shard(blk, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(blk, mesh=mesh, reshard_after_forward=None if reshard else False)
+        fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard else False)
         # foreach=False: with foreach=True the tracker counts ~3.3x the *unsharded*
         # parameter bytes as optimizer-step tensors at every world size (the
         # multi-tensor step over DTensors), which no sharded run holds
@@ -246,7 +250,18 @@ def main(argv=None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    worlds = [int(x) for x in a.worlds.split(",")]
+    try:
+        worlds = [int(x) for x in a.worlds.split(",")]
+    except ValueError:
+        worlds = []
+    if not worlds or any(n not in (2, 4, 8) for n in worlds):
+        # tensor parallelism splits the 8 heads: at most 8 ranks
+        print(f"error: --worlds {a.worlds!r}: comma-separated rank counts out of 2, 4, 8",
+              file=sys.stderr)
+        return 2
+    if not 1 <= a.batch <= 64:
+        print(f"error: --batch {a.batch}: from 1 to 64", file=sys.stderr)
+        return 2
     g = trace()
     rows = []
     print(f"GPT {NL} blocks, hidden {H}, seq {S}, fp32, Adam; batch {a.batch} per rank; MiB")
@@ -263,6 +278,14 @@ def main(argv=None) -> int:
         print(f"{n:>3} {m['peak_bytes'] / mib:>15.2f} {p['tensor_bytes'] / mib:>10.2f} {err:>+7.1f}  "
               f"{m['all_gather'] / mib:>9.2f} {p['all_gather'] / mib:>9.2f} "
               f"{m['reduce_scatter'] / mib:>9.2f} {p['reduce_scatter'] / mib:>9.2f}")
+    for n in worlds:
+        z2 = fsdp_measure(n, a.batch, reshard=False)
+        priced = float(g.layout.param_numel.sum()) * 4
+        rows.append({"world": n, "zero2_all_gather": z2["all_gather"],
+                     "zero2_reduce_scatter": z2["reduce_scatter"], "zero2_priced": priced})
+        print(f"ZeRO-2 (reshard_after_forward=False) {n}: torch all-gather "
+              f"{z2['all_gather'] / 2**20:.2f} MiB, reduce-scatter "
+              f"{z2['reduce_scatter'] / 2**20:.2f} MiB; priced {priced / 2**20:.2f} MiB each")
     tp_rows = []
     for n in worlds:
         got, want = sorted(tp_measure(n, a.batch)), tp_priced(g, a.batch)

@@ -61,3 +61,18 @@ def test_tp_all_reduce_volumes_equal_torch_tensor_parallel(graph, tp):
     assert len(priced) == 4 * F.NL
     assert set(priced) == {B * F.S * F.H * 4}
     assert torch_bytes == priced
+
+
+def test_zero2_collective_volumes_equal_fsdp2s_shard_grad_op(graph):
+    # FSDP2 without resharding after forward moves ZeRO-2's bytes: every weight
+    # gathered once, every gradient reduce-scattered once; layouts.py prices
+    # ZeRO-2 as a reduce-scatter of the gradients and an all-gather of the
+    # updated weights
+    m = F.fsdp_measure(4, B, reshard=False)
+    blocks, root = F.unit_bytes(graph)
+    params = sum(blocks) + root
+    assert m["all_gather_calls"] == sorted(blocks + [root])
+    assert m["reduce_scatter_calls"] == sorted(blocks + [root])
+    lp = graph.layout
+    priced = float(lp.param_numel.sum()) * 4   # n_stage * w_b = n_train * g_b, fp32
+    assert m["all_gather"] == m["reduce_scatter"] == priced == params
