@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 S, H, A, V, NL = 128, 256, 8, 2048, 4
 GPU = "H100-SXM5-80GB"
@@ -98,7 +99,7 @@ def fake_world(n: int):
         dist.destroy_process_group()
 
 
-class Collectives(torch.utils._python_dispatch.TorchDispatchMode):
+class Collectives(TorchDispatchMode):
     """Records every c10d collective with its byte count: the gathered output
     of an all-gather, the input of a reduce-scatter, the tensor of an all-reduce."""
 
