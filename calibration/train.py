@@ -29,9 +29,10 @@ from predictor import hardware
 from predictor.calibration.datasets import OpSamples, load_train
 from predictor.kernels import layout as L
 from predictor.kernels.features import (G_CONV, G_MATMUL, GROUP_NAMES, N_FEATURES, N_GROUPS,
-                                        feature_table, improvement_directions,
+                                        feature_table, group_of, improvement_directions,
                                         shift_features)
-from predictor.kernels.mlp import HEADER, layer_offsets
+from predictor.kernels.mlp import HEADER, chip_correction, floor_us, layer_offsets
+from predictor.kernels.optime import isolated_times_us
 from predictor.kernels.roofline import P_TF32_CONV, default_params
 
 # Winograd and FFT convolutions do up to 2.25x fewer multiplies than the direct
@@ -267,10 +268,6 @@ def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[floa
     offset to a handful of the largest kernels of the sweep (P100 GEMMs: +0.38
     time-weighted against +0.07 unweighted). Boards of one chip pool their
     kernels (``hardware.chip_key``)."""
-    from predictor.kernels.features import group_of
-    from predictor.kernels.mlp import floor_us
-    from predictor.kernels.optime import isolated_times_us
-
     ids = sorted(set(samples.gpu))
     db = hardware.database()
     gpus = db.features([db.get(i) for i in ids])
@@ -325,8 +322,6 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
 def corrections_by_gpu(mlp: np.ndarray, gpu_ids) -> dict[str, dict[str, float]]:
     """The packed per-chip corrections as {group: {GPU id: log correction}}
     (for the weights file's description; boards of one chip share a value)."""
-    from predictor.kernels.mlp import chip_correction
-
     out = {}
     for g in range(N_GROUPS):
         if len(mlp) and mlp[1 + HEADER * g] > 0:

@@ -93,12 +93,19 @@ def gemm_b_transposed(d):
 
 
 @njit(cache=True)
-def ideal_us(family, dtype_code, d, gpu, params):
-    """Roofline time with perfect efficiency and no quantization (us)."""
+def roofline_us(family, dtype_code, d, gpu, params):
+    """(compute, memory) time of a row at the spec sheet's peaks (us)."""
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
     t_c = flops / peak_flops(gpu, family, dtype_code, params) * 1e6
     t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+    return t_c, t_m
+
+
+@njit(cache=True)
+def ideal_us(family, dtype_code, d, gpu, params):
+    """Roofline time with perfect efficiency and no quantization (us)."""
+    t_c, t_m = roofline_us(family, dtype_code, d, gpu, params)
     return max(t_c, t_m, 1e-6)
 
 
@@ -117,9 +124,8 @@ ACHIEVABLE_DRAM = 0.91
 def learned_us(family, dtype_code, d, gpu, params, eta):
     """An op's time at learned efficiency `eta`: its ideal roofline time over
     eta, but never faster than its bytes at ACHIEVABLE_DRAM of the bandwidth."""
-    flops, elems = flops_and_elems(family, d)
-    dram = elems * row_elem_bytes(dtype_code) / (ACHIEVABLE_DRAM * gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
-    return max(ideal_us(family, dtype_code, d, gpu, params) / eta, dram)
+    t_c, t_m = roofline_us(family, dtype_code, d, gpu, params)
+    return max(max(t_c, t_m, 1e-6) / eta, t_m / ACHIEVABLE_DRAM)
 
 
 @njit(cache=True)

@@ -207,11 +207,10 @@ def _pow2(x) -> float:
 
 def learned_us(family: int, dtype_code: int, d, gpu, params, eta: float) -> float:
     """Ideal time over eta, never faster than the bytes at the achievable DRAM rate."""
-    from predictor.kernels.features import ACHIEVABLE_DRAM
-
-    flops, elems = flops_and_elems(family, d)
-    dram = elems * row_elem_bytes(dtype_code) / (ACHIEVABLE_DRAM * gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
-    return max(ideal_us(family, dtype_code, d, gpu, params) / eta, dram)
+    _, elems = flops_and_elems(family, d)
+    dram = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+    return max(ideal_us(family, dtype_code, d, gpu, params) / eta,
+               dram / features.ACHIEVABLE_DRAM)
 
 
 def ideal_us(family: int, dtype_code: int, d, gpu, params) -> float:
