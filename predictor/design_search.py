@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from predictor import dtypes, engine, hardware, memory, parallel
+from predictor.constraints import check_bounds, within_bounds
 from predictor.errors import InvalidArgumentError
 from predictor.io import MiB, printable, read_text
 
@@ -306,12 +307,8 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
     n = parallel.check_gpus_per_node(gpus_per_node)
     run = _check_run(samples, epochs, iterations)
     bounds = dict(constraints or {})
-    for key, value in bounds.items():
-        if key not in CONSTRAINTS:
-            raise InvalidArgumentError(f"unknown constraint {key!r}; choose from "
-                                       f"{', '.join(CONSTRAINTS)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidArgumentError(f"constraint {key} must be a number, got {value!r}")
+    check_bounds(bounds, CONSTRAINTS)
+    for key in bounds:
         if key in ("max_hours", "max_cost_usd") and not run.given:
             raise InvalidArgumentError(f"constraint {key} needs a run (samples or iterations)")
     overrides = _resolve_prices(prices)
@@ -387,14 +384,7 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
         df["run_iterations"] = iters
         df["run_hours"] = iters * it / 3.6e6
         df["run_cost_usd"] = df["run_hours"] * df["usd_per_hour"]
-    feasible = np.ones(len(df), dtype=bool)
-    for key, value in bounds.items():
-        col, kind = CONSTRAINTS[key]
-        vals = df[col].to_numpy(dtype=float)
-        with np.errstate(invalid="ignore"):
-            ok = vals <= value if kind == "max" else vals >= value
-        feasible &= ok  # NaN (no price) never satisfies a price bound
-    df["feasible"] = feasible
+    df["feasible"] = within_bounds(df, bounds, CONSTRAINTS)
 
     if objective == "throughput":
         key, ascending = "samples_per_s", False

@@ -59,6 +59,7 @@ import numpy as np
 
 from predictor import __version__
 from predictor.candidate import Settings
+from predictor.constraints import check_bounds, within_bounds
 from predictor.errors import InvalidArgumentError
 from predictor.io import printable
 
@@ -348,12 +349,7 @@ def check_constraints(constraints: Mapping[str, float] | None) -> tuple[dict, fl
             or not math.isfinite(fraction) or not 0 < fraction <= 1:
         raise InvalidArgumentError(f"constraint memory_fraction must be in (0, 1], "
                                    f"got {fraction!r}")
-    for k, v in bounds.items():
-        if k not in CONSTRAINTS:
-            raise InvalidArgumentError(f"unknown constraint {printable(repr(k), 100)}; choose from "
-                                       f"memory_fraction, {', '.join(CONSTRAINTS)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InvalidArgumentError(f"constraint {k} must be a number, got {v!r}")
+    check_bounds(bounds, CONSTRAINTS, also=("memory_fraction",))
     return bounds, float(fraction)
 
 
@@ -385,13 +381,7 @@ def build_table(records: list[dict], objective: str, bounds: dict, fraction: flo
     df["usd_per_1m_samples"] = 1e6 / df["samples_per_s"] / 3600.0 * df["usd_per_hour"]
     mem = df["memory_gb"].to_numpy(dtype=float)
     df["fits"] = np.isnan(mem) | (mem <= df["memory_limit_gb"].to_numpy(dtype=float))
-    feasible = np.ones(len(df), dtype=bool)
-    for k, v in bounds.items():
-        col, kind = CONSTRAINTS[k]
-        vals = df[col].to_numpy(dtype=float)
-        with np.errstate(invalid="ignore"):
-            feasible &= vals <= v if kind == "max" else vals >= v
-    df["feasible"] = feasible
+    df["feasible"] = within_bounds(df, bounds, CONSTRAINTS)
     key, ascending = {"throughput": ("samples_per_s", False), "latency": ("iteration_ms", True),
                       "cost": ("usd_per_1m_samples", True)}[objective]
     order = df.assign(_ok=~(df["fits"] & df["feasible"]), _nan=df[key].isna(),
