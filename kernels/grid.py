@@ -36,7 +36,7 @@ from predictor.kernels.features import N_FEATURES, group_of, learned_us, row_fea
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
-from predictor.kernels.precision import rewrites
+from predictor.kernels.precision import is_layout_transpose, rewrites
 from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
 from predictor.kernels.work import dims_at
 
@@ -106,7 +106,8 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
     ms_per_us = count[i] * 1e-3
     scaled = cal_us.shape[0] > 0 and cal_us[i] > 0.0
     group = group_of(fam)
-    if has_group(mlp, group) and not rewrites(fam, dt, params):
+    if has_group(mlp, group) and not rewrites(fam, dt, params) \
+            and not is_layout_transpose(fam, d):
         # The learned model, for the whole block of GPUs in one forward pass:
         # the block form of optime.op_time_us (the tests hold the two equal).
         x, eta, zbuf, hbuf, acc = scratch

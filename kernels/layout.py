@@ -12,7 +12,7 @@ the spec loader) uses the same names, so a code is defined exactly once.
 #   convolution: conv*       dims = [N, C, H, W, K, R, S, P, Q, groups, stride, 0]
 #   attention:   attention*  dims = [B, heads, Sq, Sk, D, Dv, causal, 0...]
 #   LSTM layer:  lstm*       dims = [T, B, I, H, 0...] (one layer, one direction)
-#   memory-bound families    dims = [read, written, flops, inner, outer, kernels?]
+#   memory-bound families    dims = [read, written, flops, inner, outer, layout]
 #       (element counts; `inner` is the length of the reduced/normalised row)
 MATMUL = 0
 CONV = 1
@@ -64,6 +64,12 @@ MEM_WRITTEN = 1
 MEM_FLOPS = 2
 MEM_INNER = 3
 MEM_OUTER = 4
+# dims[5] of a COPY row: 1 when the row is a layout transpose cuDNN runs around
+# a convolution whose tensors are NCHW (PyTorch's default memory format): its
+# tensor-core kernels are NHWC, so it converts the input and filter
+# (nchwToNhwc) and the output back (nhwcToNchw). Priced only on a GPU where
+# the convolution runs on tensor cores (predictor.kernels.precision).
+MEM_LAYOUT = 5
 
 MAX_DIMS = 12
 

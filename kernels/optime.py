@@ -41,7 +41,11 @@ def learned_rows(family, mlp):
 @njit(cache=True)
 def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     """Time of one execution of a row on one GPU, microseconds. Rows in half
-    precision or TF32 are priced as predictor.kernels.precision says."""
+    precision or TF32 are priced as predictor.kernels.precision says; a
+    convolution's layout transpose costs nothing where the convolution is not
+    on tensor cores."""
+    if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
+        return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
     if mode == precision.TENSOR_CORE:
         return precision.tensor_core_us(family, dtype_code, kernels, d, gpu, params)
@@ -68,6 +72,8 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     learned model plus the group's fixed per-measurement floor; the analytical
     model with one launch otherwise (tensor-core and half-precision rows as
     in op_time_us)."""
+    if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
+        return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
     if mode == precision.TENSOR_CORE:
         return precision.tensor_core_us(family, dtype_code, 1, d, gpu, params)

@@ -113,6 +113,24 @@ def tensor_core_peak(family, dtype_code, gpu, params):
 
 
 @njit(cache=True)
+def is_layout_transpose(family, d):
+    """A COPY row that is cuDNN's NCHW<->NHWC transpose around a convolution
+    (dims[MEM_LAYOUT] set by predictor.families._layout_transposes)."""
+    return family == L.COPY and d.shape[0] > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0
+
+
+@njit(cache=True)
+def layout_transpose_runs(family, dtype_code, d, gpu, params):
+    """Whether a row runs a kernel on this GPU: every row but a layout
+    transpose of a convolution that does not run on tensor cores here (fp32
+    and TF32 convolutions, which the fp32 models price from measured NCHW
+    convolutions; half precision on a GPU without tensor cores for it)."""
+    if not is_layout_transpose(family, d):
+        return True
+    return tensor_core_peak(L.CONV, dtype_code, gpu, params) > 0.0
+
+
+@njit(cache=True)
 def mode_of(family, dtype_code, gpu, params):
     """How a row is priced on a GPU (AS_IS, TENSOR_CORE, AS_FP32)."""
     if not rewrites(family, dtype_code, params):

@@ -49,6 +49,9 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     transposed: bool = False
+    # Stored channels-last (NHWC / NDHWC strides, torch.channels_last): the
+    # memory format cuDNN's convolutions see (predictor.lowering.is_channels_last).
+    channels_last: bool = False
 
     @property
     def numel(self) -> int:
@@ -183,6 +186,41 @@ def _conv_dims(x: TensorMeta, w: TensorMeta, y: TensorMeta, groups: int,
     return (n, c, h, wd, k, r, s, p, q, groups, int(st), 0)
 
 
+def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list[Row]:
+    """The layout transposes of one cuDNN convolution call that reads or writes
+    the tensors `moved` (input, filter and output of a forward conv, a dgrad or
+    a wgrad), when the convolution runs in NCHW: cuDNN's tensor-core
+    convolution kernels are NHWC, and on NCHW tensors cuDNN converts the
+    inputs (nchwToNhwc) and the output back (nhwcToNchw) around the kernel,
+    a memory-bound pass over each. cuDNN's API reference says so ("the cuDNN
+    library may use padding, folding, and NCHW-to-NHWC transformations to call
+    the Tensor Core operations", docs.nvidia.com/deeplearning/cudnn, Legacy
+    API, "Data and Filter Formats"), and it is why PyTorch's channels-last
+    tutorial (pytorch.org/tutorials/intermediate/memory_format_tutorial.html)
+    recommends channels_last for mixed-precision training of convolutional
+    networks. A conv is channels-last, as PyTorch decides
+    (cudnn_conv_suggest_memory_format), when its input or its filter is.
+
+    Each transpose is a COPY row of the tensor's elements, priced by the
+    learned memory-bound model like a clone of the same bytes, and flagged
+    (dims[MEM_LAYOUT] = 1): it costs time only on a GPU where this conv runs
+    on tensor cores (half precision on Volta and newer;
+    predictor.kernels.precision), and nothing elsewhere (fp32 and TF32
+    convolutions are priced from measured NCHW convolutions, whatever kernels
+    cuDNN ran for them). A tensor whose channels or spatial extent is 1 has the
+    same bytes in both formats and is not moved."""
+    if x.channels_last or w.channels_last or not x.dtype.is_floating_point:
+        return []
+    rows: list[Row] = []
+    for t in moved:
+        if len(t.shape) < 3 or t.shape[1] <= 1 or math.prod(t.shape[2:]) <= 1:
+            continue
+        n = t.numel
+        inner = t.shape[-1]
+        rows.append((L.COPY, (n, n, 0, inner, n // max(inner, 1), 1), 1))
+    return rows
+
+
 @register(aten.convolution, aten._convolution)
 def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, transposed,
                  output_padding, groups, *_, out=None, **__) -> list[Row]:
@@ -191,8 +229,9 @@ def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, 
         # A transposed conv is the data-gradient of the conv that maps y -> x.
         # Its weight is [C_in, C_out/g, ...]; the equivalent conv's is [C_in, ...] too.
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
-        return [(L.CONV_DGRAD, _conv_dims(y, w_eq, x, groups, stride), 1)]
-    return [(L.CONV, _conv_dims(x, w, y, groups, stride), 1)]
+        return [(L.CONV_DGRAD, _conv_dims(y, w_eq, x, groups, stride), 1)] \
+            + _layout_transposes(x, w, x, w, y)
+    return [(L.CONV, _conv_dims(x, w, y, groups, stride), 1)] + _layout_transposes(x, w, x, w, y)
 
 
 @register(aten.convolution_backward)
@@ -200,17 +239,21 @@ def _convolution_backward(grad_out: TensorMeta, x: TensorMeta, w: TensorMeta, bi
                           padding, dilation, transposed, output_padding, groups, output_mask,
                           *_, out=None, **__) -> list[Row]:
     rows: list[Row] = []
+    # The data gradient is shaped as the input, the weight gradient as the filter.
     if transposed:
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
         dims = _conv_dims(grad_out, w_eq, x, groups, stride)
         if output_mask[0]:  # grad of a dgrad is a forward conv
             rows.append((L.CONV, dims, 1))
+            rows += _layout_transposes(x, w, grad_out, w, x)
     else:
         dims = _conv_dims(x, w, grad_out, groups, stride)
         if output_mask[0]:
             rows.append((L.CONV_DGRAD, dims, 1))
+            rows += _layout_transposes(x, w, grad_out, w, x)
     if output_mask[1]:
         rows.append((L.CONV_WGRAD, dims, 1))
+        rows += _layout_transposes(x, w, grad_out, x, w)
     if len(output_mask) > 2 and output_mask[2]:
         cout = grad_out.shape[1]
         rows.append(memory_row(L.REDUCTION, grad_out.numel, cout, grad_out.numel,

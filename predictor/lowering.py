@@ -56,7 +56,7 @@ class BatchScaler:
     def convert(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return TensorMeta(tuple(self.dim(int(d)) for d in x.shape), x.dtype,
-                              is_transposed_view(x))
+                              is_transposed_view(x), is_channels_last(x))
         if isinstance(x, bool):
             return x
         if isinstance(x, int):
@@ -82,12 +82,28 @@ def is_transposed_view(x: torch.Tensor) -> bool:
         return False
 
 
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Stored channels-last (torch.channels_last for 4-D, channels_last_3d for
+    5-D tensors) and not also plain contiguous: the memory format the strides
+    of a traced tensor give (``model.to(memory_format=torch.channels_last)``
+    and channels-last inputs make convolutions channels-last). A tensor whose
+    channels or spatial extent is 1 is both, and counts as contiguous."""
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    if fmt is None:
+        return False
+    try:
+        return bool(x.is_contiguous(memory_format=fmt)) and not bool(x.is_contiguous())
+    except (RuntimeError, NotImplementedError):  # tensors without strides (sparse, ...)
+        return False
+
+
 def _key(x: Any) -> Any:
     """A hashable identity of an argument structure (shapes, dtypes, layouts, scalars)."""
     if isinstance(x, torch.fx.Node):
         return _key(x.meta.get("val"))
     if isinstance(x, torch.Tensor):
-        return ("T", tuple(int(d) for d in x.shape), x.dtype, is_transposed_view(x))
+        return ("T", tuple(int(d) for d in x.shape), x.dtype, is_transposed_view(x),
+                is_channels_last(x))
     if isinstance(x, (list, tuple)):
         return tuple(_key(i) for i in x)
     if isinstance(x, dict):

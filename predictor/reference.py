@@ -381,7 +381,12 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                gpu: Sequence[float], params, mlp) -> float:
     """Time of one execution of a row (us): the ideal roofline time over a
     learned efficiency where the row's group has a model, else the analytical
-    roofline; tensor-core and half-precision rows as in kernels/precision.py."""
+    roofline; tensor-core and half-precision rows as in kernels/precision.py;
+    a convolution's layout transpose (dims[MEM_LAYOUT]) costs nothing where
+    the convolution is not on tensor cores."""
+    if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0 \
+            and tensor_core_peak(L.CONV, dtype_code, gpu, params) <= 0.0:
+        return 0.0
     mode = precision_mode(family, dtype_code, gpu, params)
     if mode == 1:
         return tensor_core_us(family, dtype_code, kernels, d, gpu, params)

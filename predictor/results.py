@@ -29,6 +29,9 @@ def describe(family: int, d) -> str:
         t, b, i, h = d[:4]
         return f"T{t} B{b} in{i} h{h}"
     read, written = d[L.MEM_READ], d[L.MEM_WRITTEN]
+    if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0:
+        # cuDNN's layout transpose around an NCHW tensor-core convolution.
+        return f"conv NCHW<->NHWC transpose {_si(read)} elems"
     return f"read {_si(read)} write {_si(written)} elems"
 
 

@@ -56,6 +56,23 @@ def add_step_arguments(p: argparse.ArgumentParser, inference_help: str) -> None:
     p.add_argument("--amp", default=None, choices=["bf16", "fp16"],
                    help="mixed precision as torch.autocast('cuda', dtype) runs it (fp16 with a "
                         "GradScaler); default: none")
+    p.add_argument("--memory-format", default=None, type=memory_format_arg,
+                   metavar="{channels_last,contiguous}",
+                   help="train with the model and inputs in this memory format "
+                        "(channels_last = NHWC, contiguous = NCHW; nhwc/nchw accepted); "
+                        "default: as the model's tensors are (NCHW for zoo models). Half-precision "
+                        "convolutions in NCHW pay cuDNN's layout transposes")
+
+
+def memory_format_arg(text: str) -> str:
+    """--memory-format: channels_last / contiguous (or nhwc / nchw)."""
+    from predictor.errors import InvalidArgumentError
+    from predictor.frontend.fx import check_memory_format
+
+    try:
+        return check_memory_format(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_precision_arguments(p: argparse.ArgumentParser) -> None:
@@ -167,7 +184,8 @@ def trace_from_args(args: argparse.Namespace):
 
     with progress(f"tracing {markup_safe(args.model)} ..."):
         graph = predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
-                                optimizer=optimizer, mode=mode, amp=getattr(args, "amp", None))
+                                optimizer=optimizer, mode=mode, amp=getattr(args, "amp", None),
+                                memory_format=getattr(args, "memory_format", None))
     first_compile_notice()  # after the trace: a model that cannot be traced stays one line
     return graph
 
@@ -230,7 +248,9 @@ def load_graph(args: argparse.Namespace):
         traced_as = [flag for flag, given in (("--seq-len", args.seq_len is not None),
                                               ("--optimizer", args.optimizer != "adam"),
                                               ("--inference", args.inference),
-                                              ("--amp", getattr(args, "amp", None) is not None))
+                                              ("--amp", getattr(args, "amp", None) is not None),
+                                              ("--memory-format",
+                                               getattr(args, "memory_format", None) is not None))
                      if given]
         if traced_as:
             raise InvalidArgumentError(f"{', '.join(traced_as)} cannot change a saved graph "

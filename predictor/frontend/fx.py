@@ -30,13 +30,50 @@ from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor.frontend import autocast, layout_pass, memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
 from predictor.limits import check_batch_size, check_seq_len
-from predictor.lowering import lower
+from predictor.lowering import is_channels_last, lower
 from predictor.optable import Graph
 
 # A prime that no model dimension is a multiple of (see predictor.lowering).
 SENTINEL_BATCH = 1009
 
 MODES = ("train", "inference")
+
+# memory_format= of trace(): how the model's 4-D (5-D) weights and inputs are
+# stored, as model.to(memory_format=...) and inputs.to(memory_format=...) store
+# them; None keeps the strides the model's parameters and inputs have.
+MEMORY_FORMATS = ("channels_last", "contiguous")
+
+
+def check_memory_format(memory_format: str | None) -> str | None:
+    """None, "channels_last" or "contiguous" ("nhwc" / "nchw" are accepted)."""
+    if memory_format is None:
+        return None
+    name = {"nhwc": "channels_last", "nchw": "contiguous"}.get(
+        str(memory_format).strip().lower(), str(memory_format).strip().lower())
+    if name not in MEMORY_FORMATS:
+        raise InvalidArgumentError(
+            f"unknown memory format {memory_format!r}; use channels_last (NHWC) or "
+            "contiguous (NCHW, PyTorch's default)")
+    return name
+
+
+def _in_format(t: torch.Tensor, memory_format: str | None) -> torch.Tensor:
+    """`t` stored in `memory_format` (4-D and 5-D tensors; others as they are)."""
+    if memory_format is None or t.dim() not in (4, 5):
+        return t
+    if memory_format == "contiguous":
+        return t.contiguous()
+    return t.contiguous(memory_format=torch.channels_last if t.dim() == 4
+                        else torch.channels_last_3d)
+
+
+def _inputs_in_format(x: Any, memory_format: str | None) -> Any:
+    """Floating-point 4-D/5-D inputs stored in `memory_format`."""
+    if memory_format is None:
+        return x
+    return torch.utils._pytree.tree_map(
+        lambda t: _in_format(t, memory_format)
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t, x)
 
 
 @contextlib.contextmanager
@@ -115,7 +152,8 @@ def _resize_batch(x: Any, batch: int, batch_dim: int | None) -> Any:
         shape = list(x.shape)
         if batch_dim is not None and len(shape) > batch_dim:
             shape[batch_dim] = batch
-        return torch.zeros(shape, dtype=x.dtype)
+        out = torch.zeros(shape, dtype=x.dtype)
+        return _in_format(out, "channels_last") if is_channels_last(x) else out
     if isinstance(x, (list, tuple)):
         return type(x)(_resize_batch(i, batch, batch_dim) for i in x)
     if isinstance(x, dict):
@@ -209,13 +247,22 @@ def _input_seq_len(inputs: Any, batch: int) -> int | None:
     return None
 
 
-def _fake_params(module: torch.nn.Module) -> tuple[dict, dict]:
-    """Fake CPU stand-ins for every parameter and buffer (meta, CUDA or real)."""
+def _fake_params(module: torch.nn.Module,
+                 memory_format: str | None = None) -> tuple[dict, dict]:
+    """Fake CPU stand-ins for every parameter and buffer (meta, CUDA or real),
+    channels-last where the module's are (``memory_format`` None) or in
+    `memory_format` (4-D and 5-D tensors, as ``module.to(memory_format=)``)."""
+    def like(t: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(t.shape, dtype=t.dtype)
+        if memory_format is None:
+            return _in_format(out, "channels_last") if is_channels_last(t) else out
+        return _in_format(out, memory_format)
+
     params, buffers = {}, {}
     for k, p in module.named_parameters():
-        params[k] = torch.empty(p.shape, dtype=p.dtype).requires_grad_(p.requires_grad)
+        params[k] = like(p).requires_grad_(p.requires_grad)
     for k, b in module.named_buffers():
-        buffers[k] = torch.empty(b.shape, dtype=b.dtype)
+        buffers[k] = like(b)
     return params, buffers
 
 
@@ -265,11 +312,13 @@ def _tensor_outputs(output: Any, notes: list[str]) -> tuple:
 
 
 def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
-                notes: list[str] | None = None, amp: str | None = None):
+                notes: list[str] | None = None, amp: str | None = None,
+                memory_format: str | None = None):
     """Trace the step at `batch`; returns (GraphModule, phase marks, counts).
     One-line notes on how it was traced are appended to `notes`. `amp`
     ("bf16" / "fp16"): forward and loss under CUDA's autocast policy, fp16
-    with a GradScaler (predictor.frontend.autocast)."""
+    with a GradScaler (predictor.frontend.autocast). `memory_format`: weights
+    and inputs stored so (check_memory_format), None: as they are."""
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     policy = autocast.CudaAutocast(amp) if amp is not None else None
     region = policy.region if policy is not None else contextlib.nullcontext
@@ -287,8 +336,8 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         if not isinstance(module, torch.nn.Module):
             raise InvalidArgumentError(
                 f"{spec.name}: the factory returned {type(module).__name__}, not an nn.Module")
-        params, buffers = _fake_params(module)
-        inputs = spec.inputs(batch)
+        params, buffers = _fake_params(module, memory_format)
+        inputs = _inputs_in_format(spec.inputs(batch), memory_format)
         spec.input_seq_len = _input_seq_len(inputs, batch)
         trainable = [k for k, p in params.items() if p.requires_grad]
         opt_state = optimizers.state_for(optimizer, [params[k] for k in trainable])
@@ -354,7 +403,8 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
 def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = None,
           optimizer: str | None = "adam", mode: str = "train", batch_dim: int | None = 0,
           batch_size: int | None = None, seq_len: int | None = None,
-          name: str | None = None, amp: str | None = None) -> Graph:
+          name: str | None = None, amp: str | None = None,
+          memory_format: str | None = None) -> Graph:
     """Trace one training iteration (or an inference forward) into a Graph.
 
     model: an ``nn.Module`` (any device, ``meta`` included), a zero-argument
@@ -374,17 +424,28 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         runs it (forward and loss under CUDA's autocast policy, fp32 master
         weights cast every step, the optimizer on fp32 weights; fp16 adds a
         ``GradScaler``); None: every op in the model's own dtypes.
+    memory_format: "channels_last" or "contiguous": trace as if the model and
+        its 4-D inputs had been converted with ``.to(memory_format=...)``
+        (``torch.channels_last`` / NCHW, PyTorch's default); None: the memory
+        format the parameters' and inputs' strides have. Convolutions in
+        half precision on tensor cores pay cuDNN's NCHW<->NHWC transposes when
+        they run in NCHW (predictor.families).
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
     optimizer = optimizers.check(optimizer) if mode == "train" else None
     amp = autocast.check(amp)
+    memory_format = check_memory_format(memory_format)
     if batch_size is not None:
         _check_positive(batch_size, "batch size")
     if seq_len is not None:
         _check_positive(seq_len, "sequence length")
     if (isinstance(model, str) or hasattr(model, "__fspath__")) \
             and str(model).lower().endswith(".onnx"):
+        if memory_format == "channels_last":
+            raise InvalidArgumentError(
+                "memory_format='channels_last' applies to PyTorch models; an ONNX graph is "
+                "traced in NCHW, PyTorch's default")
         # An ONNX file: its own frontend (loss_fn names a loss: "mean" or "cross_entropy").
         from predictor.frontend.onnx import trace_onnx
         return trace_onnx(model, batch_size=batch_size, seq_len=seq_len, mode=mode,
@@ -396,7 +457,8 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     try:
         with _quiet_torch_logs():
             gm, marks, counts, notes, sentinel = _trace_with_fallback(spec, mode, optimizer,
-                                                                      sentinel, amp)
+                                                                      sentinel, amp,
+                                                                      memory_format)
     except PredictorError:
         raise
     except Exception as exc:  # noqa: BLE001 — any failure inside user code
@@ -450,12 +512,12 @@ def _hint(exc: BaseException) -> str:
 
 
 def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel: int | None,
-                         amp: str | None = None):
+                         amp: str | None = None, memory_format: str | None = None):
     """Trace at the sentinel batch; if the model rejects it, at the requested batch."""
     notes: list[str] = []
     try:
         gm, marks, counts = _trace_once(spec, mode, optimizer, sentinel or spec.batch_size, notes,
-                                        amp)
+                                        amp, memory_format)
     except PredictorError:
         raise
     except Exception:
@@ -465,5 +527,6 @@ def _trace_with_fallback(spec: _Spec, mode: str, optimizer: str | None, sentinel
         # requested one; the graph is then valid at that batch only.
         sentinel = None
         notes.clear()
-        gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size, notes, amp)
+        gm, marks, counts = _trace_once(spec, mode, optimizer, spec.batch_size, notes, amp,
+                                        memory_format)
     return gm, marks, counts, notes, sentinel
