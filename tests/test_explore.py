@@ -324,6 +324,78 @@ def test_cli_driver_killed_then_resumed(tmp_path):
     assert r.returncode == 0 and len(r.stdout.strip().splitlines()) == 13
 
 
+# ---- the local pool's workers: sessions of their own, bound to the driver ----------
+
+POOL_DRIVER_PY = """
+import json, os, sys, time, torch
+from predictor.exploration import Space, explore
+
+def probe(i, folder):
+    tmp = os.path.join(folder, f"{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"pid": os.getpid(), "sid": os.getsid(0)}, f)
+    os.replace(tmp, os.path.join(folder, f"{os.getpid()}.json"))
+    time.sleep(300)  # still running when the driver is stopped
+    return torch.nn.Linear(4, 4), (torch.zeros(2, 4),)
+
+if __name__ == "__main__":
+    folder = sys.argv[1]
+    explore(Space(probe, [{"i": i, "folder": folder} for i in range(4)]), gpus=["T4"],
+            batch_sizes=[8], workers=2, chunk_size=1, out=os.path.join(folder, "run"))
+"""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan may wait for its reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not hasattr(os, "setsid"), reason="no sessions on this platform")
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
+def test_local_workers_have_their_own_session_and_end_with_the_driver(tmp_path, stop):
+    """Own sessions (own scheduling shares under autogroup), yet a worker never
+    outlives its driver: killed (the kernel ends it) or interrupted (the driver
+    kills its pool instead of waiting for the chunks in flight)."""
+    script = tmp_path / "driver.py"
+    script.write_text(POOL_DRIVER_PY)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[dict] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(workers) < 2:
+            workers = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+            time.sleep(0.1)
+        assert len(workers) == 2, "the pool's workers did not start"
+        for w in workers:
+            # A session leader each, not in the driver's session.
+            assert w["sid"] == w["pid"] and w["sid"] != os.getsid(proc.pid), w
+        os.kill(proc.pid, stop)
+        proc.wait(60)  # an interrupted driver does not wait for its workers' chunks
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_running(w["pid"]) for w in workers):
+            time.sleep(0.1)
+        assert not [w["pid"] for w in workers if _running(w["pid"])], "a worker outlived its driver"
+    finally:
+        for pid in [proc.pid] + [w["pid"] for w in workers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(30)
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from predictor.cli import main
 
