@@ -169,6 +169,7 @@ class _Propagator:
         self.ax: dict[Any, Any] = dict(seeds)
         self.sharded_op: set = set()
         self.kept_whole: dict[str, int] = defaultdict(int)
+        self.kept_at: list = []   # (node index, name) of every op counted in kept_whole
         self.partial: list = []   # (node, element count) all-reduce points
         self.fwd_end = fwd_end
         self.lazy_params: set = set()
@@ -195,6 +196,7 @@ class _Propagator:
         out = self._rule(name, node)
         if out is _WHOLE:
             self.kept_whole[name or str(node.target)] += 1
+            self.kept_at.append((idx, name or str(node.target)))
             self.ax[node] = None
             return
         self.ax[node] = out
@@ -606,9 +608,15 @@ def megatron_pairs(nodes, fwd_end: int, params: set, param_names: dict):
 
 def analyse(gm, phase_marks: Sequence[int], sentinel: int | None, batch: int,
             node_rows: dict[int, list[int]], table: OpTable, param_names: Sequence[str],
-            seq_len: int | None, memory=None) -> LayoutProfile | None:
+            seq_len: int | None, memory=None, detail: dict | None = None) -> LayoutProfile | None:
     """The LayoutProfile of a traced training step (None for an inference
-    graph or one without parameters)."""
+    graph or one without parameters).
+
+    `detail`, when given, receives what each node contributed (for
+    predictor.frontend.blocks, which replicates a block's share): "splits"
+    {node index: [(index into its node_rows, split key)]}, "comm" [node index
+    of each all-reduce point], "kept" [(node index, name)] and "boundary"
+    {block group: (base, slope)}."""
     nodes = list(gm.graph.nodes)
     if len(phase_marks) < 2:
         return None
@@ -722,6 +730,8 @@ def analyse(gm, phase_marks: Sequence[int], sentinel: int | None, batch: int,
                 b_ = s_ = (0,) * L.MAX_DIMS
             f = flags if any(b_) or any(s_) else flags & ~SHARDED
             splits[(r, g, b_, s_, f)] += 1
+            if detail is not None:
+                detail.setdefault("splits", {}).setdefault(idx, []).append((j, (r, g, b_, s_, f)))
 
     m = len(splits)
     prof_rows = np.zeros(m, np.int64)
@@ -744,6 +754,8 @@ def analyse(gm, phase_marks: Sequence[int], sentinel: int | None, batch: int,
         e1 = math.prod(scal[0].dim(int(d)) for d in v.shape)
         e2 = math.prod(scal[1].dim(int(d)) for d in v.shape)
         idx = nodes.index(node)
+        if detail is not None:
+            detail.setdefault("comm", []).append(idx)
         comm_phase.append(L.FORWARD if idx < fwd_end else L.BACKWARD)
         comm_grp.append(grp.get(node, 0))
         comm_base.append(2 * e1 - e2)
@@ -760,7 +772,11 @@ def analyse(gm, phase_marks: Sequence[int], sentinel: int | None, batch: int,
                          for p in placeholders], np.int64)
 
     # ---- block boundaries: the largest forward tensor passed from block k to k+1
-    boundary = _boundary(nodes[:fwd_end], grp, n_blocks, scal)
+    best = _boundary_best(nodes[:fwd_end], grp, n_blocks, scal)
+    boundary = boundary_of(best)
+    if detail is not None:
+        detail["kept"] = list(prop.kept_at)
+        detail["boundary"] = dict(best)
 
     # ---- storages of the memory profile: block and flags of the op that made them
     act_grp = act_flags = None
@@ -805,7 +821,8 @@ def _score_shaped(node, s: int) -> bool:
         and int(v.shape[-2]) == s
 
 
-def _boundary(fwd_nodes, grp, n_blocks: int, scal) -> tuple[int, int]:
+def _boundary_best(fwd_nodes, grp, n_blocks: int, scal) -> dict[int, tuple[int, int]]:
+    """Per block group g: the largest forward tensor (base, slope) passed to g + 1."""
     best: dict[int, tuple[int, int]] = {}
     for node in fwd_nodes:
         g = grp.get(node, 0)
@@ -821,6 +838,11 @@ def _boundary(fwd_nodes, grp, n_blocks: int, scal) -> tuple[int, int]:
         base, slope = 2 * e1 - e2, e2 - e1
         if g not in best or slope * 8 + base > best[g][1] * 8 + best[g][0]:
             best[g] = (base, slope)
+    return best
+
+
+def boundary_of(best: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """The boundary of the LayoutProfile: the median of the blocks' largest."""
     if not best:
         return (0, 0)
     vals = sorted(best.values(), key=lambda x: x[1] * 8 + x[0])

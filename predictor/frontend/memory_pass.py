@@ -107,12 +107,15 @@ def _op_sets():
     return _CONV_OPS, _ATTN_BWD_OPS
 
 
-def profile(gm, phase_marks: Sequence[int], sentinel: int | None) -> MemoryProfile:
+def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
+            origins: list | None = None) -> MemoryProfile:
     """The memory pass over a traced step (see the module docstring).
 
     `phase_marks` are the node indices where backward and the optimizer start
     (as for the lowering); `sentinel` is the batch size the trace ran at (None:
-    sizes are taken as traced)."""
+    sizes are taken as traced). `origins`, when given, receives per storage
+    (node index, position among the node's output tensors; -1 for a
+    workspace): where it was first seen (predictor.frontend.blocks)."""
     scale2 = BatchScaler(sentinel, 2)
     conv_ops, attn_bwd_ops = _op_sets()
     nodes = list(gm.graph.nodes)
@@ -161,7 +164,7 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None) -> MemoryProfi
                     break
         elif node.op == "get_attr":
             role = BUFFERS
-        for t in _tensors(val):
+        for k, t in enumerate(_tensors(val)):
             key = _storage_key(t)
             if key is None:
                 continue
@@ -173,6 +176,8 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None) -> MemoryProfi
                 else:
                     e = add(c, p, dtypes.of_torch(t.dtype), idx, idx, TEMPORARIES)
                 index[key] = e
+                if origins is not None:
+                    origins.append((idx, k))
             entries.append(e)
         of_node[node] = entries
         if node.op != "call_function":
@@ -196,12 +201,16 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None) -> MemoryProfi
             if biggest is not None:
                 c, p = _size_of(biggest, scale2, sentinel)
                 add(c, p, dtypes.of_torch(biggest.dtype), idx, idx, WORKSPACE, CUDNN_WORKSPACE_CAP)
+                if origins is not None:
+                    origins.append((idx, -1))
         elif target in attn_bwd_ops:
             q = node.args[1] if len(node.args) > 1 else None   # (grad_out, q, k, v, ...)
             qv = q.meta.get("val") if isinstance(q, torch.fx.Node) else None
             if isinstance(qv, torch.Tensor):
                 c, p = _size_of(qv, scale2, sentinel)
                 add(c, p, L.F32, idx, idx, WORKSPACE)
+                if origins is not None:
+                    origins.append((idx, -1))
 
     coef_a = np.asarray(coef, np.float64)
     cat_a = np.asarray(cat, np.int64)
