@@ -404,7 +404,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
           optimizer: str | None = "adam", mode: str = "train", batch_dim: int | None = 0,
           batch_size: int | None = None, seq_len: int | None = None,
           name: str | None = None, amp: str | None = None,
-          memory_format: str | None = None) -> Graph:
+          memory_format: str | None = None, replicate: bool = True) -> Graph:
     """Trace one training iteration (or an inference forward) into a Graph.
 
     model: an ``nn.Module`` (any device, ``meta`` included), a zero-argument
@@ -430,6 +430,10 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         format the parameters' and inputs' strides have. Convolutions in
         half precision on tensor cores pay cuDNN's NCHW<->NHWC transposes when
         they run in NCHW (predictor.families).
+    replicate: a zoo model of N identical blocks is traced with 3 and the
+        Graph assembled for N (predictor.frontend.blocks: the same Graph, several
+        times faster; it falls back to the full trace when that is not exact);
+        False: always trace every block.
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
@@ -454,6 +458,13 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     _check_positive(spec.batch_size, "batch size")
     start = time.perf_counter()
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
+    if replicate and memory_format is None and isinstance(model, str):
+        from predictor.frontend import blocks
+        stack = blocks.zoo_stack(zoo.resolve(model).name)
+        if stack is not None:
+            graph = blocks.replicated(spec, stack, mode, optimizer, amp, sentinel)
+            if graph is not None:
+                return graph
     try:
         with _quiet_torch_logs():
             gm, marks, counts, notes, sentinel = _trace_with_fallback(spec, mode, optimizer,
