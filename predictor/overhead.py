@@ -58,8 +58,16 @@ def host_ops_per_phase(graph, ops=None) -> np.ndarray:
 
 
 def kernels_per_phase(ops) -> np.ndarray:
-    """Kernel launches per phase (float[n_phases])."""
-    return np.bincount(ops.phase, weights=ops.count * ops.kernels,
+    """Kernel launches per phase (float[n_phases]). A convolution's layout
+    transposes (predictor.families._layout_transposes) launch only when the
+    convolution runs on tensor cores: counted in half precision (the host
+    model does not know the GPU), not in fp32."""
+    launches = ops.count * ops.kernels
+    transposes = (ops.family == L.COPY) & (ops.dbase[:, L.MEM_LAYOUT] > 0) \
+        & (ops.dtype != L.F16) & (ops.dtype != L.BF16)
+    if transposes.any():
+        launches = np.where(transposes, 0, launches)
+    return np.bincount(ops.phase, weights=launches,
                        minlength=len(L.PHASE_NAMES)).astype(np.float64)
 
 

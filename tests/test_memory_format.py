@@ -1,0 +1,159 @@
+"""Convolutions' memory format: cuDNN's NCHW<->NHWC transposes around a
+tensor-core convolution in NCHW, and trace(memory_format=) / --memory-format."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import predictor
+from predictor import cli, overhead
+from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
+from predictor.overhead import HOST_LAUNCH_US
+
+TC_GPUS = ("V100-SXM2-16GB", "A100-SXM4-80GB", "H100-SXM5-80GB")
+BATCH = 8
+
+
+class Net(torch.nn.Module):
+    """Two 3x3 convolutions (16 -> 32 -> 32 channels) and a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(16, 32, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(32)
+        self.c2 = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.c2(torch.relu(self.bn(self.c1(x))))
+        return self.fc(h.mean((2, 3)))
+
+
+def _trace(amp="fp16", model=None, x=None, **kw):
+    model = Net() if model is None else model
+    x = torch.zeros(BATCH, 16, 32, 32) if x is None else x
+    return predictor.trace(model, (x,), amp=amp, loss_fn=lambda out: out.float().mean(), **kw)
+
+
+def _transposes(graph) -> np.ndarray:
+    """Mask of the layout-transpose rows of a graph's OpTable."""
+    ops = graph.ops
+    d = ops.dims(graph.batch_size)
+    return (ops.family == L.COPY) & (d[:, L.MEM_LAYOUT] > 0)
+
+
+def _per_phase(graph) -> dict:
+    ops, m = graph.ops, _transposes(graph)
+    return {L.PHASE_NAMES[p]: int(ops.count[m & (ops.phase == p)].sum()) for p in range(3)}
+
+
+@pytest.fixture(scope="module")
+def nchw():
+    return _trace()
+
+
+@pytest.fixture(scope="module")
+def nhwc():
+    return _trace(memory_format="channels_last")
+
+
+def test_nchw_amp_conv_has_the_transposes(nchw):
+    # Forward: input, filter, output of both convolutions. Backward: the dgrad
+    # of c2 (grad_out, filter, grad_in; c1's input needs no gradient) and both
+    # wgrads (grad_out, input, grad_w).
+    assert _per_phase(nchw) == {"forward": 6, "backward": 9, "optimizer": 0}
+    ops, m = nchw.ops, _transposes(nchw)
+    assert set(ops.dtype[m].tolist()) == {L.F16}
+    # Each moves a whole tensor: its bytes read and written once.
+    d = ops.dims(BATCH)[m]
+    assert (d[:, L.MEM_READ] == d[:, L.MEM_WRITTEN]).all()
+    sizes = set(d[:, L.MEM_READ].tolist())
+    assert {BATCH * 16 * 32 * 32, BATCH * 32 * 32 * 32, 32 * 16 * 9, 32 * 32 * 9} == sizes
+
+
+def test_channels_last_has_none(nhwc):
+    assert not _transposes(nhwc).any()
+    # The same from the tensors' own strides, no option given.
+    model = Net().to(memory_format=torch.channels_last)
+    x = torch.zeros(BATCH, 16, 32, 32).to(memory_format=torch.channels_last)
+    assert not _transposes(_trace(model=model, x=x)).any()
+    # ... and back to NCHW when asked.
+    assert _per_phase(_trace(model=model, x=x, memory_format="contiguous"))["forward"] == 6
+
+
+def test_transposes_priced_on_tensor_cores_only(nchw, nhwc):
+    m = _transposes(nchw)
+    for gpu in TC_GPUS:
+        p, q = predictor.predict(nchw, gpu), predictor.predict(nhwc, gpu)
+        assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
+        assert np.isfinite(q.iteration_ms) and q.iteration_ms > 0
+        assert (p.op_us[m] > 0).all(), gpu
+        assert p.iteration_ms > q.iteration_ms, gpu
+        df = p.ops
+        rows = df[df["shape"].str.contains("NHWC transpose")]
+        assert len(rows) == m.sum() and (rows["basis"] == "learned").all()
+    # P100 has no fp16 tensor cores: its convolutions run NCHW kernels, no
+    # transposes on the GPU (the host model, which does not know the GPU,
+    # counts their launches in half precision: at most 15 of them here).
+    p, q = predictor.predict(nchw, "P100-PCIE-16GB"), predictor.predict(nhwc, "P100-PCIE-16GB")
+    assert (p.op_us[m] == 0).all()
+    assert 0 <= p.iteration_ms - q.iteration_ms <= 15 * HOST_LAUNCH_US * 1e-3 + 1e-9
+
+
+def test_fp32_unchanged():
+    g = _trace(amp=None)
+    m = _transposes(g)
+    assert m.any()  # the rows are there (a dtype= override may need them) ...
+    for gpu in TC_GPUS + ("T4", "P100-PCIE-16GB"):
+        for tf32 in (None, True):
+            p = predictor.predict(g, gpu, tf32_matmul=tf32)
+            # ... and cost nothing: fp32 and TF32 convolutions are priced from
+            # measured NCHW convolutions.
+            assert (p.op_us[m] == 0).all(), gpu
+            assert p.iteration_ms == pytest.approx(
+                float((p.op_us[~m] * g.ops.count[~m]).sum()) * 1e-3 + p.overhead_ms, rel=1e-9)
+    # No launches counted for them on the host either.
+    ops = g.ops
+    launches = np.bincount(ops.phase[~m], weights=(ops.count * ops.kernels)[~m], minlength=3)
+    assert overhead.kernels_per_phase(ops) == pytest.approx(launches)
+    # Cast to half at predict time: the convolutions run on tensor cores, in NCHW.
+    p = predictor.predict(g, "A100-SXM4-80GB", dtype="float16")
+    assert (p.op_us[m] > 0).all()
+
+
+def test_memory_format_names_and_errors():
+    from predictor.frontend.fx import check_memory_format
+
+    assert check_memory_format("NHWC") == "channels_last"
+    assert check_memory_format("nchw") == "contiguous"
+    assert check_memory_format(None) is None
+    with pytest.raises(InvalidArgumentError, match="unknown memory format"):
+        _trace(memory_format="nhcw")
+
+
+def _cli_json(capsys, *extra):
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "A100-SXM4-80GB", "--amp", "fp16",
+                     "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)["predictions"][0]["iteration_ms"]
+
+
+def test_cli_memory_format(capsys):
+    nchw = _cli_json(capsys)
+    assert _cli_json(capsys, "--memory-format", "contiguous") == pytest.approx(nchw)
+    nhwc = _cli_json(capsys, "--memory-format", "channels_last")
+    assert 0 < nhwc < nchw
+    assert _cli_json(capsys, "--memory-format", "nhwc") == pytest.approx(nhwc)
+
+
+def test_cli_bad_memory_format_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        sys.exit(cli.main(["predict", "dcgan", "--memory-format", "chanels_last"]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown memory format" in err and "\n" not in err and "Traceback" not in err
