@@ -4,6 +4,7 @@
     python -m benchmarks.bench_explore --ray           # and Ray (the [ray] extra)
     python -m benchmarks.bench_explore --candidates 48 --workers 1,2,4
     python -m benchmarks.bench_explore --driver        # the driver's cost per candidate
+    python -m benchmarks.bench_explore --same-session  # workers in the driver's session
 
 Two spaces:
 
@@ -19,9 +20,10 @@ on its own. CPU ms per candidate (local) counts this process and the pool's
 workers. On a shared machine wall times move with other processes' load (the
 load average is printed with them); with the kernel's autogroup scheduling
 (``/proc/sys/kernel/sched_autogroup_enabled``) a busy machine gives this
-session's processes one share together, so a second local worker then adds
-little wall-clock speed while Ray's workers, started in their own sessions by
-the raylet, get shares of their own.
+session's processes one share together. The local executor's workers start
+sessions of their own, as Ray's (started by the raylet) do, so each gets a
+share; ``--same-session`` keeps them in the driver's session, as the executor
+did before, to measure the difference.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ def main(argv=None) -> None:
     ap.add_argument("--shared", type=int, default=200, help="candidates of the shared space")
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     ap.add_argument("--ray", action="store_true", help="also time the Ray executor")
+    ap.add_argument("--same-session", action="store_true",
+                    help="keep the local workers in the driver's session (for comparison)")
     ap.add_argument("--driver", action="store_true",
                     help="only the driver's own cost per candidate (synthetic records)")
     args = ap.parse_args(argv)
@@ -122,6 +126,10 @@ def main(argv=None) -> None:
         driver_costs()
         return
     counts = [int(w) for w in args.workers.split(",")]
+    if args.same_session:
+        from predictor import candidate, executors
+
+        executors._worker_start = lambda driver, state: candidate.set_state(state)
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
           f"{len(GPUS)} GPUs x {len(BATCHES)} batch sizes per candidate")
     print(f"{'executor':<10} {'workers':>7} {'space':<9} {'candidates':>10} {'wall s':>8} "
@@ -149,6 +157,8 @@ def main(argv=None) -> None:
         one = rows[("local", 1, "distinct")]
         for w in counts[1:]:
             print(f"local speed-up with {w} workers (distinct): {one / rows[('local', w, 'distinct')]:.2f}x")
+    print(f"load average {os.getloadavg()[0]:.2f} after the local runs"
+          + (" (workers in the driver's session)" if args.same_session else ""))
     if args.ray:
         import ray
 
