@@ -123,6 +123,12 @@ def _conv_setup(c: RowContext):
     dt = c.float_dtype
     x = c.tensor(n, ch, h, w, dtype=dt)
     wt = c.tensor(k, ch // groups, r, s, dtype=dt)
+    if dt in (torch.float16, torch.bfloat16):
+        # Channels-last: the tensor-core kernel alone. In NCHW cuDNN would add
+        # its layout transposes, which the graph holds as rows of their own
+        # (predictor.families._layout_transposes), priced by the model.
+        x = x.contiguous(memory_format=torch.channels_last)
+        wt = wt.contiguous(memory_format=torch.channels_last)
     args = dict(stride=(stride, stride_w), padding=pad, groups=groups)
     return x, wt, args
 
@@ -678,6 +684,10 @@ def _measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batc
     """One sample (us) of one row, or a short reason why it cannot be measured."""
     family_name = L.FAMILY_NAMES[fam]
     dtype = TORCH_DTYPES.get(code)
+    if fam == L.COPY and len(dims) > L.MEM_LAYOUT and dims[L.MEM_LAYOUT] > 0:
+        # Runs inside cuDNN's convolution call on tensor-core GPUs only: the
+        # model prices it on each GPU (nothing where the conv is not on tensor cores).
+        return "copy: a convolution's layout transpose, priced by the model"
     if dtype is None:
         return f"{family_name}: dtype {L.DTYPE_NAMES[code]} not runnable"
     if row_bytes(fam, np.asarray(dims), L.DTYPE_BYTES[code]) > 0.5 * free_bytes:

@@ -204,12 +204,15 @@ def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list
     Each transpose is a COPY row of the tensor's elements, priced by the
     learned memory-bound model like a clone of the same bytes, and flagged
     (dims[MEM_LAYOUT] = 1): it costs time only on a GPU where this conv runs
-    on tensor cores (half precision on Volta and newer;
-    predictor.kernels.precision), and nothing elsewhere (fp32 and TF32
-    convolutions are priced from measured NCHW convolutions, whatever kernels
-    cuDNN ran for them). A tensor whose channels or spatial extent is 1 has the
-    same bytes in both formats and is not moved."""
-    if x.channels_last or w.channels_last or not x.dtype.is_floating_point:
+    on tensor cores (predictor.kernels.precision: fp16 on Volta and newer,
+    bf16 on Ampere and newer), nothing elsewhere. Only half-precision
+    convolutions get them: fp32 and TF32 convolutions are priced by the fp32
+    model learned from measured NCHW convolutions (whatever kernels cuDNN ran
+    are in the measured times), so an fp32 trace is unchanged (and
+    ``predict(dtype="float16")`` of an fp32 trace adds no transposes: trace
+    with ``amp=`` for them). A tensor whose channels or spatial extent is 1
+    has the same bytes in both formats and is not moved."""
+    if x.channels_last or w.channels_last or x.dtype not in (torch.float16, torch.bfloat16):
         return []
     rows: list[Row] = []
     for t in moved:
