@@ -48,6 +48,7 @@ KEY_FIELD = "cache_key"
 # Every module whose code decides what a traced Graph contains.
 GRAPH_SOURCES = (
     "predictor.frontend.fx",
+    "predictor.frontend.blocks",
     "predictor.frontend.optimizers",
     "predictor.frontend.cuda_paths",
     "predictor.lowering",

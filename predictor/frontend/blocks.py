@@ -47,6 +47,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from predictor.kernels import layout as L
+from predictor.lowering import BatchScaler
 from predictor.optable import Graph, LayoutProfile, MemoryProfile, OpTable
 
 log = logging.getLogger(__name__)
@@ -532,8 +533,8 @@ class _Replica:
                  tuple(int(v) for v in t3.dbase[r]), tuple(int(v) for v in t3.dslope[r]),
                  int(t3.op[r])) for r in range(len(t3))]
         node_keys: dict[int, list] = {}
-        at = tuple(lowering.BatchScaler(self.sentinel, b) for b in (1, 2, self.batch))
-        at_sentinel = lowering.BatchScaler(None, 0)
+        at = tuple(_MemoScaler(self.sentinel, b) for b in (1, 2, self.batch))
+        at_sentinel = _MemoScaler(None, 0)
         for i, rows in lowered.node_rows.items():
             if i in self.per_param_ops and rows:
                 node_keys[i] = self._extract_again(i, rows, keys, at, at_sentinel)
@@ -790,6 +791,23 @@ class _Replica:
             column_parallel=names_of(lp.column_parallel), row_parallel=names_of(lp.row_parallel),
             vocab_parallel=names_of(lp.vocab_parallel),
             unsharded_linears=names_of(lp.unsharded_linears), kept_whole=kept)
+
+
+class _MemoScaler(BatchScaler):
+    """The lowering's BatchScaler, remembering each node's shapes: an
+    N-block parameter list repeats the middle block's nodes N - 2 times."""
+
+    def __init__(self, sentinel: int | None, batch: int):
+        super().__init__(sentinel, batch)
+        self.memo: dict = {}
+
+    def convert(self, x: Any) -> Any:
+        if isinstance(x, torch.fx.Node):
+            got = self.memo.get(x)
+            if got is None:
+                got = self.memo[x] = super().convert(x)
+            return got
+        return super().convert(x)
 
 
 class _Stand:
