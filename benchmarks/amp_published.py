@@ -27,6 +27,20 @@ import numpy as np
 RN50 = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
         "'Training performance results', 1 GPU, pytorch-21.03 NGC container")
 
+# NVIDIA's ResNet-50 AMP runs train channels-last: DeepLearningExamples'
+# PyTorch/Classification/ConvNets/configs.yml sets `memory_format: nhwc` for
+# resnet50 AMP on DGX1V, DGX2V, DGXA100 and T4 (its TF32/FP32 runs keep the
+# default, NCHW). Lambda's configuration (pytorch/scripts/config_v1/
+# config_pytorch_*.sh: --amp, no --memory-format) trains in NCHW, PyTorch's
+# default. The memory format matters only to half-precision convolutions
+# (cuDNN's layout transposes; predictor.families._layout_transposes).
+def memory_format(model: str, precision: str, source: str) -> str | None:
+    """The memory format a published run trains in (None: NCHW, the default)."""
+    if model == "resnet50" and precision == "amp" and publisher(source) == "NVIDIA":
+        return "channels_last"
+    return None
+
+
 BERT = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md, 'Fine-tuning "
         "NVIDIA DGX A100 (8x A100 80GB)' and 'Fine-tuning NVIDIA DGX-1 With 32G', SQuAD v1.1, "
         "1 GPU, pytorch:21.11-py3 NGC container")
@@ -169,14 +183,14 @@ def _squad_loss(out):
     return (F.cross_entropy(start, target) + F.cross_entropy(end, target)) / 2
 
 
-def _trace(model: str, batch: int, amp):
+def _trace(model: str, batch: int, amp, fmt=None):
     import predictor
 
     if model == "bert-large-squad":
         return predictor.trace(_bert_squad, _squad_inputs, loss_fn=_squad_loss,
                                batch_size=batch, amp=amp, optimizer="adamw",
-                               name="bert-large-squad")
-    return predictor.trace(model, batch_size=batch, amp=amp)
+                               name="bert-large-squad", memory_format=fmt)
+    return predictor.trace(model, batch_size=batch, amp=amp, memory_format=fmt)
 
 
 def run(models=None) -> list[dict]:
@@ -188,13 +202,15 @@ def run(models=None) -> list[dict]:
         if models is not None and model not in models:
             continue
         amp = "fp16" if prec == "amp" else None
-        key = (model, amp)
+        fmt = memory_format(model, prec, source)
+        key = (model, amp, fmt)
         if key not in graphs:
-            graphs[key] = _trace(model, batch, amp)
+            graphs[key] = _trace(model, batch, amp, fmt)
         p = predictor.predict(graphs[key], gpu, batch_size=batch,
                               tf32_matmul=True if prec == "tf32" else None)
         predicted = batch / p.iteration_ms * 1e3
         out.append({"model": model, "gpu": gpu, "precision": prec, "batch": batch,
+                    "memory_format": fmt or "contiguous",
                     "published": published, "predicted": predicted,
                     "error_pct": 100.0 * (predicted - published) / published, "source": source})
     return out
@@ -206,11 +222,13 @@ def main(argv=None) -> int:
                     help="comma-separated models of the table (default: all)")
     args = ap.parse_args(argv)
     rows = run(None if args.models is None else args.models.split(","))
-    print("| publisher | model | GPU | precision | batch | published samples/s | predicted | error |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| publisher | model | GPU | precision | memory format | batch | published samples/s "
+          "| predicted | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        fmt = "NHWC" if r["memory_format"] == "channels_last" else "NCHW"
         print(f"| {publisher(r['source'])} | {r['model']} | {r['gpu']} | {r['precision']} | "
-              f"{r['batch']} | {r['published']:,g} | {r['predicted']:,.1f} | "
+              f"{fmt} | {r['batch']} | {r['published']:,g} | {r['predicted']:,.1f} | "
               f"{r['error_pct']:+.1f} % |")
     print("\n| publisher | model | precision | GPUs | mean abs error | Spearman across GPUs |")
     print("| --- | --- | --- | --- | --- | --- |")

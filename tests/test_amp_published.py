@@ -60,3 +60,12 @@ def test_summary_groups_by_publisher_model_and_precision():
     assert s[("Lambda", "amp")]["mean_abs_error_pct"] == pytest.approx(np.mean([10, 10, 10]))
     assert s[("Lambda", "amp")]["spearman"] == pytest.approx(1.0)
     assert s[("Lambda", "fp32/tf32")]["gpus"] == 2
+
+
+def test_memory_format_of_each_publisher():
+    # NVIDIA's ResNet-50 AMP runs are channels-last (DeepLearningExamples'
+    # configs.yml: memory_format nhwc); Lambda's and every fp32/TF32 run NCHW.
+    for model, gpu, prec, batch, published, source in ap.PUBLISHED:
+        fmt = ap.memory_format(model, prec, source)
+        nvidia_amp_cnn = ap.publisher(source) == "NVIDIA" and model == "resnet50" and prec == "amp"
+        assert fmt == ("channels_last" if nvidia_amp_cnn else None), (model, gpu, prec, source)
