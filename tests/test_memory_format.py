@@ -175,3 +175,21 @@ def test_calibration_leaves_the_transposes_to_the_model(nchw):
         torch.set_num_threads(threads)
     assert list(t.skipped) == ["copy: a convolution's layout transpose, priced by the model"]
     assert (t.us[m] == 0).all() and (t.us[~m] > 0).all()
+
+
+def test_onnx_convolutions_are_nchw(tmp_path, nchw):
+    # An ONNX graph is NCHW: under amp= its half-precision convolutions get
+    # the same transposes as the fx trace; channels-last is refused in one line.
+    import warnings
+
+    pytest.importorskip("onnx")
+    path = tmp_path / "net.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().train(), (torch.zeros(BATCH, 16, 32, 32),), str(path),
+                          dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "b"}}, training=torch.onnx.TrainingMode.TRAINING)
+    g = predictor.trace(str(path), batch_size=BATCH, amp="fp16")
+    assert _per_phase(g) == _per_phase(nchw)
+    with pytest.raises(InvalidArgumentError, match="ONNX graph is traced in NCHW"):
+        predictor.trace(str(path), batch_size=BATCH, amp="fp16", memory_format="channels_last")
