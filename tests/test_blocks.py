@@ -121,9 +121,11 @@ def test_gpt2_other_optimizers(optimizer):
            optimizer=optimizer)
 
 
-def test_gpt2_inference_and_bf16():
-    _check(blocks.Stack("transformer.h", 5, _gpt2), TOKENS, None, mode="inference")
-    _check(blocks.Stack("transformer.h", 5, _gpt2), TOKENS, hf.causal_lm_loss, amp="bf16")
+def test_gpt2_inference_and_mixed_precision():
+    stack = blocks.Stack("transformer.h", 5, _gpt2)
+    _check(stack, TOKENS, None, mode="inference")
+    _check(stack, TOKENS, hf.causal_lm_loss, amp="bf16")
+    _check(stack, TOKENS, hf.causal_lm_loss, amp="fp16")   # with the GradScaler's state
 
 
 def test_bert_pretraining_and_classifier():

@@ -29,8 +29,10 @@ otherwise :func:`replicated` returns None and the caller traces the full
 model. Tests compare replicated and full traces of several models field by
 field (tests/test_blocks.py).
 
-Applies to zoo models whose stack is known (``ZOO_STACKS``: GPT-2/GPT-3,
-BERT, OPT, Llama) in training and inference, without ``memory_format``.
+Applies to zoo models whose stack is known (:func:`zoo_stack`: GPT-2/GPT-3,
+BERT, OPT, Llama) with more than 4 blocks, in training and inference, with or
+without mixed precision; not with ``memory_format`` (no zoo transformer has
+4-D weights). :func:`trace_stack` applies it to any model built by depth.
 """
 
 from __future__ import annotations
@@ -350,7 +352,7 @@ def _replicate(spec, stack: Stack, mode, optimizer, amp, sentinel) -> Graph:
                 gm.meta.get("param_names", ()), seq, mem, detail)
         except Exception as exc:  # noqa: BLE001 — as the full trace: analysis is optional
             raise NotReplicable(f"no layout analysis: {exc}") from exc
-    r = _Replica(gm, marks, marks_of, stack, mode, sentinel, spec.batch_size)
+    r = _Replica(gm, marks, marks_of, stack, mode, sentinel, spec.batch_size, amp)
     table, node_keys = r.table(lowered)
     graph = Graph(
         name=spec.name, ops=table, batch_size=spec.batch_size, mode=mode,
@@ -374,7 +376,8 @@ class _Replica:
     """The 3-block trace's nodes, tagged by block, and their N-block order."""
 
     def __init__(self, gm, marks, marks_of: _Marks, stack: Stack, mode: str,
-                 sentinel: int | None, batch: int):
+                 sentinel: int | None, batch: int, amp: str | None):
+        from predictor.frontend import autocast
         self.n, self.path, self.mode = stack.layers, stack.path, mode
         self.sentinel, self.batch = sentinel, batch
         self.nodes = nodes = list(gm.graph.nodes)
@@ -404,10 +407,16 @@ class _Replica:
             tags[i], segs[i] = t, "params"
         for i, t in zip(ph["buffers"], btag):
             tags[i], segs[i] = t, "buffers"
-        n_opt, n_train = len(ph["opt_state"]), len(self.trainable)
-        if n_opt and (not n_train or n_opt % n_train):
+        # fp16 training: the GradScaler's scale and growth tracker come first
+        # (predictor.frontend.fx), outside the blocks.
+        n_scaler = len(autocast.scaler_state()) if amp == "fp16" and mode == "train" else 0
+        per_state = ph["opt_state"][n_scaler:]
+        n_opt, n_train = len(per_state), len(self.trainable)
+        if len(ph["opt_state"]) < n_scaler or n_opt and (not n_train or n_opt % n_train):
             raise NotReplicable("optimizer state not one per parameter")
-        for j, i in enumerate(ph["opt_state"]):
+        for i in ph["opt_state"][:n_scaler]:
+            segs[i] = "scaler"
+        for j, i in enumerate(per_state):
             tags[i] = self.ptag[self.trainable[j % n_train]]
             segs[i] = ("opt_state", j // n_train)
         for i in ph["inputs"]:
