@@ -220,3 +220,12 @@ def test_a_zoo_model_without_repeated_blocks_traces_in_full():
     g = predictor.trace("dcgan", batch_size=2)
     full = predictor.trace("dcgan", batch_size=2, replicate=False)
     assert _differences(g, full) == []
+
+
+def test_a_factory_named_like_a_zoo_model_is_not_replicated(tmp_path):
+    # a user's factory called gpt2 is the user's model, not the zoo's GPT-2
+    spec = fx._spec_for("gpt2", None, None, 0, None, None, None)
+    path = tmp_path / "mine.py"
+    path.write_text("def gpt2():\n    raise AssertionError('not called')\n")
+    assert blocks.replicated_zoo(f"{path}:gpt2", spec, "train", "adam", None, 1009) is None
+    assert blocks.replicated_zoo("no-such-model", spec, "train", "adam", None, 1009) is None

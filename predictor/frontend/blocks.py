@@ -134,6 +134,20 @@ def zoo_stack(name: str) -> Stack | None:
     return None
 
 
+def replicated_zoo(model: str, spec, mode: str, optimizer: str | None, amp: str | None,
+                   sentinel: int | None) -> Graph | None:
+    """:func:`replicated` for `model` when it names a zoo model with a known
+    stack (a factory spec never: its model is the user's); else None."""
+    from predictor import zoo
+    from predictor.errors import UnknownModelError
+    try:
+        entry = zoo.get(model)
+    except UnknownModelError:
+        return None
+    stack = zoo_stack(entry.name)
+    return None if stack is None else replicated(spec, stack, mode, optimizer, amp, sentinel)
+
+
 # ------------------------------------------------------------ the hooks --
 
 class _Marks:

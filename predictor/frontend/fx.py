@@ -460,11 +460,9 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
     if replicate and memory_format is None and isinstance(model, str):
         from predictor.frontend import blocks
-        stack = blocks.zoo_stack(zoo.resolve(model).name)
-        if stack is not None:
-            graph = blocks.replicated(spec, stack, mode, optimizer, amp, sentinel)
-            if graph is not None:
-                return graph
+        graph = blocks.replicated_zoo(model, spec, mode, optimizer, amp, sentinel)
+        if graph is not None:
+            return graph
     try:
         with _quiet_torch_logs():
             gm, marks, counts, notes, sentinel = _trace_with_fallback(spec, mode, optimizer,
