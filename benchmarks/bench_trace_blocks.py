@@ -3,6 +3,7 @@ repeated blocks saves.
 
     python -m benchmarks.bench_trace_blocks                  # gpt3-2.7b
     python -m benchmarks.bench_trace_blocks --model gpt2-large --repeat 3
+    python -m benchmarks.bench_trace_blocks --zoo            # every zoo transformer
 
 For a GPT-2-architecture zoo model: the whole ``predictor.trace`` of every
 block (``replicate=False``; best of `--repeat` warm runs, after one warm-up
@@ -14,6 +15,10 @@ predictor.frontend.blocks) against the full one, interleaved, best of
 `--repeat` each, and the largest relative difference between their
 predictions (iteration time, per-op times, peak memory; one GPU, and a
 tensor/pipeline-parallel layout, which reads the layout analysis).
+``--zoo``: for every zoo model with a known stack, the replicated and the full
+trace (training; best of `--repeat`, after one untimed replicated trace of the
+model), whether the two Graphs are identical
+field by field, and the largest relative difference of their predictions.
 """
 
 from __future__ import annotations
@@ -61,8 +66,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt3-2.7b", choices=sorted(hf.GPT2_SIZES))
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--zoo", action="store_true",
+                    help="replicated against full trace for every zoo transformer")
     args = ap.parse_args(argv)
     predictor.trace("gpt2")   # imports and first-call paths, not counted
+    if args.zoo:
+        _zoo(args.repeat)
+        return
     spent: dict[str, float] = {}
     saved = [(mod, attr, getattr(mod, attr)) for _, mod, attr in STAGES]
     for stage, mod, attr in STAGES:
@@ -103,6 +113,49 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  replicated (3 blocks traced) {rep:.2f} s, full {full:.2f} s: {full / rep:.1f}x "
           f"(load average {os.getloadavg()[0]:.1f})")
     print(f"  largest relative difference of the predictions: {_worst(replicated, whole):.1e}")
+
+
+def _zoo(repeat: int) -> None:
+    from predictor.frontend import blocks
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    print("| model | blocks | replicated s | full s | speed-up | Graphs | predictions |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
+    for name in predictor.zoo.names():
+        stack = blocks.zoo_stack(name)
+        if stack is None:
+            continue
+        predictor.trace(name)   # the model family's first-call paths, not counted
+        rep = full = float("inf")
+        for _ in range(max(repeat, 1)):
+            t = time.perf_counter()
+            a = predictor.trace(name)
+            rep = min(rep, time.perf_counter() - t)
+            t = time.perf_counter()
+            b = predictor.trace(name, replicate=False)
+            full = min(full, time.perf_counter() - t)
+        same = "identical" if _same_graph(a, b) else "DIFFER"
+        print(f"| {name} | {stack.layers} | {rep:.2f} | {full:.2f} | {full / rep:.1f}x | {same} "
+              f"| {_worst(a, b):.0e} |", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
+def _same_graph(a, b) -> bool:
+    """Every field of the two Graphs equal (trace_seconds aside), arrays exactly."""
+    import dataclasses
+
+    import numpy as np
+
+    def same(x, y) -> bool:
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return type(x) is type(y) and all(
+                same(getattr(x, f.name), getattr(y, f.name))
+                for f in dataclasses.fields(x) if f.name != "trace_seconds")
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            return x is None and y is None or (
+                x is not None and y is not None and np.asarray(x).dtype == np.asarray(y).dtype
+                and np.array_equal(x, y))
+        return x == y
+    return same(a, b)
 
 
 def _worst(a, b) -> float:
