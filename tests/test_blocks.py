@@ -229,3 +229,11 @@ def test_a_factory_named_like_a_zoo_model_is_not_replicated(tmp_path):
     path.write_text("def gpt2():\n    raise AssertionError('not called')\n")
     assert blocks.replicated_zoo(f"{path}:gpt2", spec, "train", "adam", None, 1009) is None
     assert blocks.replicated_zoo("no-such-model", spec, "train", "adam", None, 1009) is None
+
+
+def test_a_graph_field_it_does_not_know_makes_it_decline(monkeypatch):
+    # a field added to Graph that replication does not scale would silently
+    # be the 3-block model's: it declines instead
+    monkeypatch.setattr(blocks, "_GRAPH_FIELDS", blocks._GRAPH_FIELDS - {"amp"})
+    stack = blocks.Stack("layers", 6, lambda k: _Net(k, lambda i: False, norm=False))
+    assert blocks.trace_stack(stack, FEATURES) is None
