@@ -64,7 +64,13 @@ def _value(x: Any, depth: int = 0) -> Any:
     if isinstance(x, torch.Size):
         return ["Size", list(x)]
     if isinstance(x, torch.Tensor):
-        return ["Tensor", list(x.shape), str(x.dtype), bool(x.requires_grad)]
+        out = ["Tensor", list(x.shape), str(x.dtype), bool(x.requires_grad)]
+        from predictor.lowering import is_channels_last
+        if is_channels_last(x):
+            # The trace reads the memory format (half-precision convolutions in
+            # NCHW pay layout transposes): channels-last tensors differ.
+            out.append("channels_last")
+        return out
     if isinstance(x, (list, tuple)):
         return [type(x).__name__] + [_value(v, depth + 1) for v in x]
     if isinstance(x, dict):

@@ -193,3 +193,15 @@ def test_onnx_convolutions_are_nchw(tmp_path, nchw):
     assert _per_phase(g) == _per_phase(nchw)
     with pytest.raises(InvalidArgumentError, match="ONNX graph is traced in NCHW"):
         predictor.trace(str(path), batch_size=BATCH, amp="fp16", memory_format="channels_last")
+
+
+def test_fingerprint_tells_channels_last_apart():
+    # explore() shares traced graphs by this fingerprint: a channels-last
+    # model must not reuse an NCHW one's graph.
+    from predictor import fingerprint
+
+    x = torch.zeros(BATCH, 16, 32, 32)
+    plain = fingerprint.structure(Net(), (x,))
+    assert plain == fingerprint.structure(Net(), (x,))
+    assert plain != fingerprint.structure(Net().to(memory_format=torch.channels_last),
+                                          (x.to(memory_format=torch.channels_last),))
