@@ -18,6 +18,19 @@ from predictor.zoo import hf
 GPU = "H100-SXM5-80GB"
 
 
+def trace_stack(stack: blocks.Stack, inputs, *, loss_fn=None, optimizer="adam", mode="train",
+                amp=None, name="m"):
+    """The replicated Graph of ``stack.build(stack.layers)`` fed `inputs`, or
+    None where replication declines; ``fx.trace(lambda:
+    stack.build(stack.layers), inputs, ..., replicate=False)`` is its full trace."""
+    from predictor.frontend import autocast, optimizers
+    optimizer = optimizers.check(optimizer) if mode == "train" else None
+    amp = autocast.check(amp)
+    spec = fx._spec_for(lambda: stack.build(stack.layers), inputs, loss_fn, 0, None, None, name)
+    return blocks.replicated(spec, stack, mode, optimizer, amp,
+                             fx._small_tracer(mode, optimizer, amp, fx.SENTINEL_BATCH))
+
+
 def _differences(a, b, path="graph") -> list[str]:
     """Every field where a and b differ (trace_seconds aside)."""
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
@@ -58,7 +71,7 @@ def _same_predictions(a, b) -> None:
 
 def _check(stack: blocks.Stack, inputs, loss_fn, **kw):
     """The replicated Graph equals the full trace's, and predicts the same."""
-    rep = blocks.trace_stack(stack, inputs, loss_fn=loss_fn, name="m", **kw)
+    rep = trace_stack(stack, inputs, loss_fn=loss_fn, **kw)
     assert rep is not None, "replication declined"
     full = fx.trace(lambda: stack.build(stack.layers), inputs, loss_fn=loss_fn, name="m",
                     replicate=False, **kw)
@@ -144,7 +157,7 @@ def test_opt_and_llama():
 def test_zoo_gpt2_is_replicated_and_identical():
     spec = fx._spec_for("gpt2", None, None, 0, None, None, None)
     rep = blocks.replicated(spec, blocks.zoo_stack("gpt2"), "train", "adam", None,
-                            fx.SENTINEL_BATCH)
+                            fx._small_tracer("train", "adam", None, fx.SENTINEL_BATCH))
     assert rep is not None
     full = predictor.trace("gpt2", replicate=False)
     assert _differences(rep, full) == []
@@ -205,14 +218,14 @@ def test_identical_plain_blocks_replicate():
                          ids=["alternating", "first-differs"])
 def test_blocks_that_differ_decline(pattern):
     stack = blocks.Stack("layers", 6, lambda k: _Net(k, pattern))
-    assert blocks.trace_stack(stack, FEATURES) is None
+    assert trace_stack(stack, FEATURES) is None
 
 
 def test_a_model_without_the_stack_declines():
     # no ModuleList at the path / too few blocks to gain anything
-    assert blocks.trace_stack(blocks.Stack("nowhere", 6, lambda k: _Net(k, lambda i: False)),
+    assert trace_stack(blocks.Stack("nowhere", 6, lambda k: _Net(k, lambda i: False)),
                               FEATURES) is None
-    assert blocks.trace_stack(blocks.Stack("layers", 4, lambda k: _Net(k, lambda i: False)),
+    assert trace_stack(blocks.Stack("layers", 4, lambda k: _Net(k, lambda i: False)),
                               FEATURES) is None
 
 
@@ -227,8 +240,9 @@ def test_a_factory_named_like_a_zoo_model_is_not_replicated(tmp_path):
     spec = fx._spec_for("gpt2", None, None, 0, None, None, None)
     path = tmp_path / "mine.py"
     path.write_text("def gpt2():\n    raise AssertionError('not called')\n")
-    assert blocks.replicated_zoo(f"{path}:gpt2", spec, "train", "adam", None, 1009) is None
-    assert blocks.replicated_zoo("no-such-model", spec, "train", "adam", None, 1009) is None
+    tracer = fx._small_tracer("train", "adam", None, fx.SENTINEL_BATCH)
+    assert blocks.replicated_zoo(f"{path}:gpt2", spec, "train", "adam", None, tracer) is None
+    assert blocks.replicated_zoo("no-such-model", spec, "train", "adam", None, tracer) is None
 
 
 def test_a_graph_field_it_does_not_know_makes_it_decline(monkeypatch):
@@ -236,4 +250,4 @@ def test_a_graph_field_it_does_not_know_makes_it_decline(monkeypatch):
     # be the 3-block model's: it declines instead
     monkeypatch.setattr(blocks, "_GRAPH_FIELDS", blocks._GRAPH_FIELDS - {"amp"})
     stack = blocks.Stack("layers", 6, lambda k: _Net(k, lambda i: False, norm=False))
-    assert blocks.trace_stack(stack, FEATURES) is None
+    assert trace_stack(stack, FEATURES) is None

@@ -32,11 +32,13 @@ field (tests/test_blocks.py).
 Applies to zoo models whose stack is known (:func:`zoo_stack`: GPT-2/GPT-3,
 BERT, OPT, Llama) with more than 4 blocks, in training and inference, with or
 without mixed precision; not with ``memory_format`` (no zoo transformer has
-4-D weights). :func:`trace_stack` applies it to any model built by depth.
+4-D weights). User models are traced in full: their forward may depend on
+the depth in ways no check here sees.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -136,7 +138,7 @@ def zoo_stack(name: str) -> Stack | None:
 
 
 def replicated_zoo(model: str, spec, mode: str, optimizer: str | None, amp: str | None,
-                   sentinel: int | None) -> Graph | None:
+                   trace_small: Callable) -> Graph | None:
     """:func:`replicated` for `model` when it names a zoo model with a known
     stack (a factory spec never: its model is the user's); else None."""
     from predictor import zoo
@@ -146,7 +148,7 @@ def replicated_zoo(model: str, spec, mode: str, optimizer: str | None, amp: str 
     except UnknownModelError:
         return None
     stack = zoo_stack(entry.name)
-    return None if stack is None else replicated(spec, stack, mode, optimizer, amp, sentinel)
+    return None if stack is None else replicated(spec, stack, mode, optimizer, amp, trace_small)
 
 
 # ------------------------------------------------------------ the hooks --
@@ -185,9 +187,9 @@ class _Marks:
             x.register_hook(functools.partial(self._at, "bi", i))
 
     def _post(self, i, module, args, kwargs, out):
-        from predictor.frontend.fx import _first_tensor
         self._at("fe", i)
-        y = _first_tensor(out)
+        y = next((t for t in torch.utils._pytree.tree_leaves(out)
+                  if isinstance(t, torch.Tensor)), None)
         if isinstance(y, torch.Tensor) and y.requires_grad:
             y.register_hook(functools.partial(self._at, "bo", i))
 
@@ -312,10 +314,13 @@ def _check_relative(exp: _Expansion, values: Callable[[int, int], list], what: s
 # ------------------------------------------------------------ the entry --
 
 def replicated(spec, stack: Stack, mode: str, optimizer: str | None, amp: str | None,
-               sentinel: int | None) -> Graph | None:
-    """The Graph of `spec` (a model of ``stack.layers`` blocks) from a trace
-    of its 3-block copy; None when that cannot be exact (the reason is logged
-    at debug level) or the model has too few blocks to gain anything."""
+               trace_small: Callable) -> Graph | None:
+    """The Graph of `spec` (predictor.frontend.fx's spec of a model of
+    ``stack.layers`` blocks) from a trace of its 3-block copy; None when that
+    cannot be exact (the reason is logged at debug level) or the model has
+    too few blocks to gain anything. ``trace_small(spec)`` traces a spec as
+    fx.trace does: (GraphModule, phase marks, parameter counts, notes,
+    sentinel batch or None)."""
     n = stack.layers
     if n <= TEMPLATE_BLOCKS + 1:
         return None
@@ -326,28 +331,28 @@ def replicated(spec, stack: Stack, mode: str, optimizer: str | None, amp: str | 
         log.debug("blocks: not replicating, unknown fields %s", sorted(unknown))
         return None
     try:
-        return _replicate(spec, stack, mode, optimizer, amp, sentinel)
+        return _replicate(spec, stack, mode, optimizer, amp, trace_small)
     except NotReplicable as exc:
         log.debug("blocks: tracing %s in full: %s", spec.name, exc)
         return None
 
 
-def _replicate(spec, stack: Stack, mode, optimizer, amp, sentinel) -> Graph:
-    from predictor.frontend import fx, layout_pass, memory_pass
+def _replicate(spec, stack: Stack, mode, optimizer, amp, trace_small) -> Graph:
+    from predictor.frontend import layout_pass, memory_pass
 
     start_time = time.perf_counter()
     k = TEMPLATE_BLOCKS
     marks_of = _Marks(stack.path, k)
     infer = stack.build_inference if mode == "inference" and spec.build_inference else None
-    small = fx._Spec(spec.name, lambda: marks_of.install(stack.build(k)), spec.inputs,
-                     spec.loss_fn, spec.batch_size, spec.seq_len,
-                     (lambda: marks_of.install(infer(k))) if infer else None)
     if mode == "inference" and spec.build_inference and infer is None:
         raise NotReplicable("no inference builder for the stack")
+    # The same spec (inputs, loss, batch, sequence length), built with 3 blocks.
+    small = copy.copy(spec)
+    small.build = lambda: marks_of.install(stack.build(k))
+    small.build_inference = (lambda: marks_of.install(infer(k))) if infer else None
+    small.prebuilt = None
     try:
-        with fx._quiet_torch_logs():
-            gm, marks, counts, notes, sentinel = fx._trace_with_fallback(
-                small, mode, optimizer, sentinel, amp)
+        gm, marks, counts, notes, sentinel = trace_small(small)
     except NotReplicable:
         raise
     except Exception as exc:  # noqa: BLE001 — the full trace reports the model's own errors
@@ -837,17 +842,3 @@ class _Stand:
     def __init__(self, args, kwargs, val):
         self.args, self.kwargs, self.meta = args, kwargs, {"val": val}
 
-
-def trace_stack(stack: Stack, example_inputs: Any, *, loss_fn: Callable | None = None,
-                optimizer: str | None = "adam", mode: str = "train", amp: str | None = None,
-                batch_size: int | None = None, name: str | None = None) -> Graph | None:
-    """The replicated Graph of ``stack.build(stack.layers)`` fed
-    `example_inputs` (a model outside the zoo: tests, benchmarks), or None
-    where :func:`replicated` declines; ``fx.trace(lambda:
-    stack.build(stack.layers), example_inputs, ..., replicate=False)`` is the
-    full trace it equals."""
-    from predictor.frontend import autocast, fx, optimizers
-    optimizer = optimizers.check(optimizer) if mode == "train" else None
-    spec = fx._spec_for(lambda: stack.build(stack.layers), example_inputs, loss_fn, 0,
-                        batch_size, None, name or f"{stack.path} x {stack.layers}")
-    return replicated(spec, stack, mode, optimizer, autocast.check(amp), fx.SENTINEL_BATCH)

@@ -460,7 +460,8 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
     if replicate and memory_format is None and isinstance(model, str):
         from predictor.frontend import blocks
-        graph = blocks.replicated_zoo(model, spec, mode, optimizer, amp, sentinel)
+        graph = blocks.replicated_zoo(model, spec, mode, optimizer, amp,
+                                      _small_tracer(mode, optimizer, amp, sentinel))
         if graph is not None:
             return graph
     try:
@@ -503,6 +504,15 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     # CLI and the user; an attribute, not saved with the graph.
     graph.notes = notes
     return graph
+
+
+def _small_tracer(mode: str, optimizer: str | None, amp: str | None, sentinel: int | None):
+    """``spec -> (gm, marks, counts, notes, sentinel)``: a spec traced as
+    trace() traces it, for predictor.frontend.blocks (its 3-block model)."""
+    def trace_small(spec: _Spec):
+        with _quiet_torch_logs():
+            return _trace_with_fallback(spec, mode, optimizer, sentinel, amp)
+    return trace_small
 
 
 def _hint(exc: BaseException) -> str:
