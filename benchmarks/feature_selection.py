@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.accuracy import _gpu_arrays, family_of
+from predictor import hardware
 from predictor.calibration import datasets as D
 from predictor.calibration import train as T
 from predictor.kernels import features
@@ -30,6 +31,24 @@ from predictor.kernels.work import flops_and_elems
 def _gpu_column(s: D.OpSamples, col: int) -> np.ndarray:
     feats, index = _gpu_arrays(s)
     return feats[index, col]
+
+
+# Base clocks (MHz) of the training boards the spec database has none for, for
+# the "headroom" candidate only: TechPowerUp's GPU database as third-party
+# listings quote it (P100 PCIe 16 GB: base 1190 / boost 1329; A100 PCIe: base
+# 765 / boost 1410; V100 PCIe: base 1245 / boost 1380, the 16 GB board's, the
+# 32 GB one runs the same boost). The P4's and T4's are in specs/gpus.toml.
+BASE_CLOCK_MHZ = {"P100-PCIE-16GB": 1190, "V100-PCIE-32GB": 1245, "A100-PCIE-40GB": 765,
+                  "A100-PCIE-80GB": 1065}
+
+
+def _spec_column(s: D.OpSamples, key: str, kind=float) -> np.ndarray:
+    """A spec-sheet field of each sample's GPU."""
+    def value(g):
+        spec = hardware.get(g).spec
+        return kind(spec[key] if key in spec or key != "base_clock_mhz" else BASE_CLOCK_MHZ[g])
+    values = {g: value(g) for g in set(s.gpu)}
+    return np.array([values[g] for g in s.gpu], dtype=np.float64)
 
 
 def _nbytes(s: D.OpSamples) -> np.ndarray:
@@ -46,6 +65,18 @@ CANDIDATES = {
     # Board power per peak FP32 TFLOP/s, log2: how far a power cap holds the
     # clock below boost under full load.
     "wpf": lambda s: np.log2(_gpu_column(s, L.G_TDP_W) / _gpu_column(s, L.G_FP32_TFLOPS)),
+    # Clock headroom under the power cap, log2 of base over boost clock: the
+    # clock a board guarantees at its TDP under full load, against the one
+    # its peak FLOP/s are quoted at.
+    "headroom": lambda s: np.log2(_spec_column(s, "base_clock_mhz")
+                                  / _gpu_column(s, L.G_CLOCK_MHZ)),
+    # 1 from Volta on (compute capability 7.0+: an INT32 pipe beside the FP32
+    # one, so address arithmetic does not take FMA issue slots), else 0.
+    "sm70": lambda s: (_spec_column(s, "compute_capability", float) >= 7.0).astype(float),
+    # FP32 lanes per SM over 64, log2: shared-memory bandwidth per SM is 128
+    # bytes a clock on every NVIDIA GPU since Maxwell, so a 128-lane SM has
+    # half the operand bandwidth per FMA of a 64-lane one.
+    "lanes": lambda s: np.log2(_spec_column(s, "fp32_cores_per_sm") / 64.0),
     # The ridge point (peak FLOP/s over bandwidth), log2 flop/byte.
     "ridge": lambda s: np.log2(_gpu_column(s, L.G_FP32_TFLOPS) * 1e3
                                / _gpu_column(s, L.G_MEM_BW_GBS)),

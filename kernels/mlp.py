@@ -9,7 +9,8 @@ Layout of `mlp` (float64), written by ``predictor.calibration.train``:
     [offset ...]             mean[n_in], std[n_in], W1[h1, n_in], b1[h1],
                              W2[h2, h1], b2[h2], w3[h2], b3
     [corr_offset ...]        n_corr pairs (chip key, log correction): the
-                             group's per-chip corrections (see chip_correction)
+                             group's per-chip corrections, key OTHER_CHIPS
+                             for chips outside the data (see chip_correction)
 
 The output is an efficiency in (0, eta_max]: a sigmoid of the last layer,
 scaled. eta_max is 1 except where an algorithm does fewer FLOPs than the
@@ -82,24 +83,35 @@ def efficiency(mlp, group, x, hidden):
     return eta_max / (1.0 + math.exp(-z))
 
 
+# The key of the correction for every chip the weights hold none for (chip
+# keys are 0, "not known", or 1 + a CRC-32: never negative).
+OTHER_CHIPS = -1.0
+
+
 @njit(cache=True)
 def chip_correction(mlp, group, chip):
-    """The group's log time correction for a chip it was trained on (0 for any
-    other chip, and for chip 0, "not known").
+    """The group's log time correction for `chip`: its own, for a chip the
+    weights were trained on; else the one for other chips (OTHER_CHIPS), if
+    the weights hold one; else 0.
 
     The networks see no feature that names a GPU, so that they carry over to
     GPUs outside the data; on the GPUs in the data that leaves each chip's own
     systematic offset (a V100 runs large fp32 GEMMs at 0.95 of peak where the
     GPUs around it run 0.5-0.8). The correction is that offset, measured on
-    the chip's own training kernels: it applies to boards of that chip only."""
-    if chip == 0.0:
-        return 0.0
+    the chip's own training kernels: it applies to boards of that chip only.
+    A chip outside the data gets the median of the training chips' offsets:
+    the networks are fitted to the mean of the training GPUs, which one
+    outlier (the V100) pulls away from the typical GPU."""
     h = 1 + HEADER * group
     off = int(mlp[h + 6])
+    other = 0.0
     for i in range(int(mlp[h + 7])):
-        if mlp[off + 2 * i] == chip:
+        key = mlp[off + 2 * i]
+        if key == chip and chip != 0.0:
             return mlp[off + 2 * i + 1]
-    return 0.0
+        if key == OTHER_CHIPS:
+            other = mlp[off + 2 * i + 1]
+    return other
 
 
 @njit(cache=True)

@@ -289,14 +289,16 @@ def efficiency(mlp, group: int, x: Sequence[float]) -> float:
 
 
 def with_chip(mlp, group: int, eta: float, chip: float) -> float:
-    """The efficiency with the chip's own correction (log time offset), if the
-    weights hold one for this chip, capped at eta_max."""
+    """The efficiency with the chip's correction (log time offset): the chip's
+    own if the weights hold one, else the one for other chips if they hold
+    that, else none; capped at eta_max."""
     h = 1 + M.HEADER * group
     off, n = int(mlp[h + 6]), int(mlp[h + 7])
-    for i in range(n):
-        if chip != 0.0 and mlp[off + 2 * i] == chip:
-            return min(eta * math.exp(-mlp[off + 2 * i + 1]), mlp[h + 4])
-    return eta
+    pairs = {mlp[off + 2 * i]: mlp[off + 2 * i + 1] for i in range(n)}
+    c = pairs.get(chip, 0.0) if chip != 0.0 and chip in pairs else pairs.get(M.OTHER_CHIPS, 0.0)
+    if c == 0.0:
+        return eta
+    return min(eta * math.exp(-c), mlp[h + 4])
 
 
 # ---- kernels/optime.py -------------------------------------------------------------

@@ -365,6 +365,45 @@ def test_a_chip_correction_moves_that_chip_only_in_every_code_path():
                                                              w), rel=1e-9)
 
 
+@needs_weights
+def test_chips_outside_the_data_take_the_other_chips_correction():
+    from predictor import reference
+    from predictor.kernels.features import G_MATMUL
+    from predictor.kernels.mlp import HEADER, OTHER_CHIPS, chip_correction
+    from predictor.kernels.optime import op_time_us
+    from predictor.kernels.roofline import P_LAUNCH_US, default_params
+
+    mlp = _without_corrections(opmodel.weights())
+    v100 = hardware.get("V100-PCIE-32GB").features[L.G_CHIP]
+    w = np.concatenate([mlp, [v100, np.log(1.25), OTHER_CHIPS, np.log(1.1)]])
+    w[1 + HEADER * G_MATMUL + 6:1 + HEADER * G_MATMUL + 8] = (len(mlp), 2)
+    assert opmodel.layout_problem(w) is None
+    assert chip_correction(w, G_MATMUL, v100) == pytest.approx(np.log(1.25))
+    assert chip_correction(w, G_MATMUL, 0.0) == pytest.approx(np.log(1.1))
+    fam, dims = _rows(L.MATMUL, [1, 2048, 2048, 2048])
+    params = default_params()
+    launch = params[P_LAUNCH_US]
+    for gpu, factor in (("V100-PCIE-32GB", 1.25), ("H100-SXM5-80GB", 1.1), ("L4", 1.1)):
+        f = hardware.get(gpu).features
+        base = op_time_us(fam[0], 0, 1, dims[0], f, params, mlp)
+        t = op_time_us(fam[0], 0, 1, dims[0], f, params, w)
+        assert t - launch == pytest.approx((base - launch) * factor, rel=1e-9)
+        assert reference.op_time_us(int(fam[0]), 0, 1, list(dims[0]), list(f), params,
+                                    w) == pytest.approx(t, rel=1e-9)
+
+
+def test_the_other_chips_correction_is_the_median_of_the_chips():
+    from predictor.calibration import train as T
+    from predictor.kernels.mlp import OTHER_CHIPS
+
+    own = {1.0 + k: c for k, c in enumerate((-0.16, 0.05, 0.07, -0.07, 0.07))}
+    assert T.with_other_chips({0: dict(own)})[0][OTHER_CHIPS] == pytest.approx(0.05)
+    # Only in the groups validation chose it for (not the memory-bound ones).
+    assert OTHER_CHIPS not in T.with_other_chips({2: dict(own)})[2]
+    # Too few chips to say what a typical one is: no correction for the others.
+    assert OTHER_CHIPS not in T.with_other_chips({0: {1.0: 0.2, 2.0: -0.1}})[0]
+
+
 def _without_corrections(mlp):
     from predictor.kernels.features import N_GROUPS
     from predictor.kernels.mlp import HEADER
