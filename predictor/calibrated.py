@@ -32,9 +32,10 @@ ratio cannot carry:
   ``t = f_t (cal_us / f_o) ** w``, with one ``w`` in [0, 1] per learned model
   group fitted leave-one-GPU-out on measured kernels
   (``predictor.calibration.blend``; shipped in
-  ``weights/calibration_blend.json``). Boards of one chip (same architecture
-  and SM count, the origin itself included) and rows of the analytical-only
-  families keep the plain ratio (w = 1). The kernels compute
+  ``weights/calibration_blend.json``). GPUs of one SM design (same
+  architecture and compute capability, the origin itself included; see
+  `alike`) and rows of the analytical-only families keep the plain ratio
+  (w = 1). The kernels compute
   ``cal * f_t / f_o``; a blended row passes them ``cal ** w * f_o ** (1 - w)``
   in place of ``cal``, which gives exactly the blend and stays positive.
 
@@ -68,8 +69,13 @@ BLEND_FORMAT = 1
 # ------------------------------------------------------------------ blend --
 
 def alike(a, b) -> bool:
-    """Whether two GPUs (ids or records) are boards of one chip: the same
-    architecture and SM count. Their ratio is Habitat's plain one."""
+    """Whether two GPUs (ids or records) share one SM design: the same
+    architecture and compute capability (AMD: gfx target), e.g. boards of one
+    chip, an A100 and an A30, an H100 PCIe and SXM, an L4 and an RTX 4090.
+    The same kernels then run with the same tiles, and only SM count, clocks
+    and bandwidth differ, which is what Habitat's wave scaling (the plain
+    ratio of model predictions) accounts for; so their ratio is the plain
+    one. Two Pascal chips of different SMs (P100: 6.0, P4: 6.1) are not."""
     if str(getattr(a, "id", a)) == str(getattr(b, "id", b)):
         return True
     try:
@@ -77,8 +83,8 @@ def alike(a, b) -> bool:
     except Exception:  # noqa: BLE001 - an unknown device is like no other
         return False
     arch_a, arch_b = ga.spec.get("architecture"), gb.spec.get("architecture")
-    return bool(arch_a) and arch_a == arch_b and \
-        float(ga.features[L.G_SMS]) == float(gb.features[L.G_SMS])
+    cc_a, cc_b = ga.spec.get("compute_capability"), gb.spec.get("compute_capability")
+    return bool(arch_a) and arch_a == arch_b and bool(cc_a) and str(cc_a) == str(cc_b)
 
 
 def read_blend(path) -> np.ndarray:

@@ -49,6 +49,12 @@ def test_boards_of_one_chip_are_alike():
     assert not calibrated.alike("V100-PCIE-32GB", "A100-PCIE-40GB")
     assert not calibrated.alike("P4", "P100-PCIE-16GB")  # one architecture, two chips
     assert not calibrated.alike("V100-PCIE-32GB", None)
+    # One SM design, other chips or boards: Habitat's wave scaling holds.
+    assert calibrated.alike("A100-SXM4-80GB", "A30")
+    assert calibrated.alike("H100-PCIE-80GB", "H100-SXM5-80GB")
+    assert calibrated.alike("L4", "RTX-4090")
+    assert not calibrated.alike("A100-SXM4-80GB", "A10")  # 8.0 against 8.6
+    assert not calibrated.alike("T4", "V100-PCIE-32GB")
 
 
 # ------------------------------------------------------------ the file --
