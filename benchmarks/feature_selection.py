@@ -42,12 +42,16 @@ BASE_CLOCK_MHZ = {"P100-PCIE-16GB": 1190, "V100-PCIE-32GB": 1245, "A100-PCIE-40G
                   "A100-PCIE-80GB": 1065}
 
 
+def _spec_value(gpu_id: str, key: str):
+    spec = hardware.get(gpu_id).spec
+    if key == "base_clock_mhz" and key not in spec:
+        return BASE_CLOCK_MHZ[gpu_id]
+    return spec[key]
+
+
 def _spec_column(s: D.OpSamples, key: str, kind=float) -> np.ndarray:
     """A spec-sheet field of each sample's GPU."""
-    def value(g):
-        spec = hardware.get(g).spec
-        return kind(spec[key] if key in spec or key != "base_clock_mhz" else BASE_CLOCK_MHZ[g])
-    values = {g: value(g) for g in set(s.gpu)}
+    values = {g: kind(_spec_value(g, key)) for g in set(s.gpu)}
     return np.array([values[g] for g in s.gpu], dtype=np.float64)
 
 

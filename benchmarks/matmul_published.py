@@ -26,6 +26,11 @@ import argparse
 
 import numpy as np
 
+from predictor import hardware, opmodel
+from predictor.kernels import layout as L
+from predictor.kernels.optime import op_time_us
+from predictor.kernels.roofline import default_params
+
 # (GPU id in specs/gpus.toml, measured TFLOP/s per contributor row, the
 # table's device name). L4: the repository's issue 120 (its database.md
 # row is the same run's best). P4: the stock-clock run of issue 9 (4.55);
@@ -49,11 +54,6 @@ SIZES = (1024, 2048, 4096, 8192, 10240)
 
 def predicted_tflops(gpu_id: str) -> float:
     """Best predicted TFLOP/s of a square fp32 `torch.mm` over SIZES."""
-    from predictor import hardware, opmodel
-    from predictor.kernels import layout as L
-    from predictor.kernels.optime import op_time_us
-    from predictor.kernels.roofline import default_params
-
     gpu = hardware.get(gpu_id).features
     mlp = opmodel.weights()
     params = default_params()
@@ -67,9 +67,6 @@ def predicted_tflops(gpu_id: str) -> float:
 
 
 def rows() -> list[dict]:
-    from predictor import hardware
-    from predictor.kernels import layout as L
-
     trained = {"A100-SXM4-80GB", "T4", "P4"}  # chips of the per-kernel training data
     out = []
     for gpu_id, measured, name in PUBLISHED:

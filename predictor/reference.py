@@ -295,7 +295,7 @@ def with_chip(mlp, group: int, eta: float, chip: float) -> float:
     h = 1 + M.HEADER * group
     off, n = int(mlp[h + 6]), int(mlp[h + 7])
     pairs = {mlp[off + 2 * i]: mlp[off + 2 * i + 1] for i in range(n)}
-    c = pairs.get(chip, 0.0) if chip != 0.0 and chip in pairs else pairs.get(M.OTHER_CHIPS, 0.0)
+    c = pairs[chip] if chip != 0.0 and chip in pairs else pairs.get(M.OTHER_CHIPS, 0.0)
     if c == 0.0:
         return eta
     return min(eta * math.exp(-c), mlp[h + 4])
