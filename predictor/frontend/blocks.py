@@ -50,10 +50,13 @@ import numpy as np
 import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from predictor import lowering
+from predictor import families, lowering, zoo
+from predictor.errors import UnknownModelError
+from predictor.frontend import autocast, layout_pass, memory_pass
 from predictor.kernels import layout as L
 from predictor.lowering import BatchScaler
 from predictor.optable import Graph, LayoutProfile, MemoryProfile, OpTable
+from predictor.zoo import hf
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +97,12 @@ class Stack:
 # --------------------------------------------------------------- zoo stacks --
 
 def _gpt2(name: str, k: int):
-    from predictor.zoo import hf
     cfg = hf.gpt2_config(name)
     cfg.n_layer = k
     return hf._causal_lm(cfg)
 
 
 def _bert(name: str, head: str, k: int):
-    from predictor.zoo import hf
     cfg = hf.bert_config(name)
     cfg.num_hidden_layers = k
     if head == "AutoModelForSequenceClassification":
@@ -110,20 +111,17 @@ def _bert(name: str, head: str, k: int):
 
 
 def _opt(k: int):
-    from predictor.zoo import hf
     cfg = hf.opt_config()
     cfg.num_hidden_layers = k
     return hf._causal_lm(cfg)
 
 
 def _llama(name: str, k: int):
-    from predictor.zoo import hf
     return hf.build_llama(name, layers=k)
 
 
 def zoo_stack(name: str) -> Stack | None:
     """The repeated stack of zoo model `name` (None: none known)."""
-    from predictor.zoo import hf
     if name in hf.GPT2_SIZES:
         return Stack("transformer.h", hf.GPT2_SIZES[name][1], functools.partial(_gpt2, name))
     if name in hf.BERT_SIZES:
@@ -141,8 +139,6 @@ def replicated_zoo(model: str, spec, mode: str, optimizer: str | None, amp: str 
                    trace_small: Callable) -> Graph | None:
     """:func:`replicated` for `model` when it names a zoo model with a known
     stack (a factory spec never: its model is the user's); else None."""
-    from predictor import zoo
-    from predictor.errors import UnknownModelError
     try:
         entry = zoo.get(model)
     except UnknownModelError:
@@ -338,8 +334,6 @@ def replicated(spec, stack: Stack, mode: str, optimizer: str | None, amp: str | 
 
 
 def _replicate(spec, stack: Stack, mode, optimizer, amp, trace_small) -> Graph:
-    from predictor.frontend import layout_pass, memory_pass
-
     start_time = time.perf_counter()
     k = TEMPLATE_BLOCKS
     marks_of = _Marks(stack.path, k)
@@ -396,7 +390,6 @@ class _Replica:
 
     def __init__(self, gm, marks, marks_of: _Marks, stack: Stack, mode: str,
                  sentinel: int | None, batch: int, amp: str | None):
-        from predictor.frontend import autocast
         self.n, self.path, self.mode = stack.layers, stack.path, mode
         self.sentinel, self.batch = sentinel, batch
         self.nodes = nodes = list(gm.graph.nodes)
@@ -628,7 +621,6 @@ class _Replica:
         """Unsupported ops: carried over only when every node of that op is."""
         if not unsup3:
             return {}
-        from predictor import families
         per: dict[str, list[int]] = {}
         for i, node in enumerate(self.nodes):
             op = node.target
@@ -704,8 +696,6 @@ class _Replica:
     # -- the layout analysis -------------------------------------------
     def layout(self, lp: LayoutProfile, detail: dict, node_keys: dict, table: OpTable,
                storage_at: list, mem3: MemoryProfile) -> LayoutProfile:
-        from predictor.frontend import layout_pass
-
         n, post3 = self.n, TEMPLATE_BLOCKS + 1
         if lp.n_blocks != TEMPLATE_BLOCKS or list(lp.block_names) != [
                 f"{self.path}.{i}" for i in range(TEMPLATE_BLOCKS)]:

@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
-from predictor.frontend import autocast, layout_pass, memory_pass, optimizers
+from predictor.frontend import autocast, blocks, layout_pass, memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
 from predictor.limits import check_batch_size, check_seq_len
 from predictor.lowering import is_channels_last, lower
@@ -459,7 +459,6 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     start = time.perf_counter()
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
     if replicate and memory_format is None and isinstance(model, str):
-        from predictor.frontend import blocks
         graph = blocks.replicated_zoo(model, spec, mode, optimizer, amp,
                                       _small_tracer(mode, optimizer, amp, sentinel))
         if graph is not None:
