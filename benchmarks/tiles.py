@@ -1,0 +1,139 @@
+"""Leave-one-GPU-out accuracy of the GEMM tile choice (`predictor.kernels.tiles`).
+
+    python -m benchmarks.tiles --data ../shared/data/neusight
+
+For each of the five training GPUs: fits the tile rule on the other four
+GPUs' training files (`calibration.tiles`), then scores the held-out GPU's
+training GEMMs (never the test split) against the tile its kernel name
+records. Two figures per (GPU, op): the exact tile, and the same wave count
+under the predicted tile as under the true one (`tiles.tile_waves`, no
+split-K). Compared with the analytical fallback (largest tile that still fills
+every SM) and with the current behaviour, one 128x128 tile for every GEMM
+(`kernels.work.TILE_M/TILE_N`). An architecture the four GPUs lack (the A100
+held out: no other Ampere) gets the fallback, as a GPU outside the data
+would; the "shared" column shows the rule's shared part there instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from predictor.calibration import tiles as C
+from predictor.kernels import tiles as T
+from predictor.kernels.work import TILE_M, TILE_N
+
+METHODS = ("learned", "shared", "fallback", "fixed")
+
+
+def waves(s: C.TileSamples, cand: np.ndarray) -> np.ndarray:
+    return np.array([T.tile_waves(a, b, m, n, T.CANDIDATES[c, 0], T.CANDIDATES[c, 1])
+                     for a, b, m, n, c in zip(s.sms, s.bt, s.m, s.n, cand)])
+
+
+def logo(data, log=print) -> dict:
+    """{(gpu, op): {method: (exact, same_waves, rows)}} over held-out GPUs."""
+    s = C.load(data)
+    s = s.subset(s.cand >= 0)
+    fixed = int(T.candidate_index(np.array([TILE_M]), np.array([TILE_N]))[0])
+    out = {}
+    for held in sorted(set(s.gpu)):
+        params = C.fit(s.subset(s.gpu != held))
+        ev = s.subset(s.gpu == held)
+        preds = {"learned": C.predict(params, ev),
+                 "shared": C.predict(params, ev, learned_arch_only=False),
+                 "fallback": C.predict(np.zeros(0), ev),
+                 "fixed": np.full(len(ev), fixed)}
+        true_w = waves(ev, ev.cand)
+        for op in ("linear", "bmm"):
+            o = ev.op == op
+            out[(held, op)] = {k: (float(np.mean(p[o] == ev.cand[o])),
+                                   float(np.mean(waves(ev.subset(o), p[o]) == true_w[o])),
+                                   int(o.sum())) for k, p in preds.items()}
+            log(f"  {held:<16} {op:<6} " + "  ".join(
+                f"{k} {v[0]:.0%}/{v[1]:.0%}" for k, v in out[(held, op)].items()))
+    return out
+
+
+def table(res: dict) -> str:
+    lines = ["| held-out GPU | op | rows | learned | shared | fallback | fixed 128x128 |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (gpu, op), r in res.items():
+        lines.append(f"| {gpu} | {op} | {r['fixed'][2]} | " +
+                     " | ".join(f"{r[k][0]:.0%} / {r[k][1]:.0%}" for k in METHODS) + " |")
+    for op in ("linear", "bmm"):
+        rows = [r for (g, o), r in res.items() if o == op]
+        lines.append(f"| mean | {op} | | " + " | ".join(
+            f"{np.mean([r[k][0] for r in rows]):.0%} / {np.mean([r[k][1] for r in rows]):.0%}"
+            for k in METHODS) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------ feature_selection candidates --
+# The tile rule's data for the candidate columns below (feature_selection's
+# validate sets it to its --data).
+DATA = [Path("../shared/data/neusight")]
+_RULES: dict[tuple, np.ndarray] = {}
+
+
+def _rule_without(held: tuple) -> np.ndarray:
+    """The tile rule fitted on the training files without the GPUs `held`."""
+    if held not in _RULES:
+        s = C.load(DATA[0])
+        _RULES[held] = C.fit(s.subset(~np.isin(s.gpu, list(held))))
+    return _RULES[held]
+
+
+def predicted_tile_columns(s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(wave utilisation, 1 / waves, log2 waves capped at 4) under the
+    predicted tile of every matmul row of OpSamples `s` (0 elsewhere), the rule
+    fitted leave-one-GPU-out: samples of one GPU get a rule fitted without it,
+    samples of four of the five training GPUs one fitted without the fifth,
+    as feature_selection's validation holds them out."""
+    from predictor import hardware
+    from predictor.calibration.tiles import cc_major
+    from predictor.kernels import layout as L
+
+    gpus = sorted(set(s.gpu))
+    every = sorted(set(C.load(DATA[0]).gpu)) if len(gpus) > 1 else gpus
+    held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
+    params = _rule_without(held)
+    util = np.zeros(len(s))
+    inv = np.zeros(len(s))
+    lw = np.zeros(len(s))
+    mm = np.flatnonzero(s.family == L.MATMUL)
+    if mm.size == 0:
+        return util, inv, lw
+    d = s.dims[mm]
+    cc = np.array([cc_major(g) for g in s.gpu[mm]], dtype=np.int64)
+    sms = np.array([int(hardware.get(g).spec["sms"]) for g in s.gpu[mm]], dtype=np.int64)
+    b_t = ((d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
+    c = T.choose_tiles(params, cc, sms, d[:, 0], d[:, 1], d[:, 2], d[:, 3], b_t, True)
+    for j, i in enumerate(mm):
+        tm, tn = T.CANDIDATES[c[j]]
+        tiles = T.tile_count(d[j, 0], d[j, 1], d[j, 2], tm, tn)
+        slots = sms[j] * T.blocks_per_sm(tm, tn)
+        w = T.tile_waves(sms[j], d[j, 0], d[j, 1], d[j, 2], tm, tn)
+        util[i] = tiles / (w * slots)
+        inv[i] = 1.0 / w
+        lw[i] = min(np.log2(w), 4.0)
+    return util, inv, lw
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="../shared/data/neusight")
+    args = ap.parse_args(argv)
+    if not (Path(args.data) / "train").is_dir():
+        print(f"error: {args.data}: not a NeuSight data folder (expected train/ inside)")
+        return 2
+    res = logo(args.data)
+    print("exact tile / same wave count, per held-out GPU (training files only):")
+    print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
