@@ -336,3 +336,25 @@ def predict_tile(compute_capability, sms: int, bt: int, m: int, n: int, k: int,
     c = choose_tile(p, cc, int(max(sms, 1)), int(max(bt, 1)), int(max(m, 1)), int(max(n, 1)),
                     int(max(k, 1)), bool(b_transposed), True)
     return int(CANDIDATES[c, 0]), int(CANDIDATES[c, 1])
+
+
+def row_tiles(family: np.ndarray, dims: np.ndarray, dtype: np.ndarray, gpu) -> list[str]:
+    """The predicted sgemm tile ("64x128", rows x columns) of each fp32
+    matmul OpTable row on one GPU (a spec id or record), "" for other rows:
+    the learned rule covers cuBLAS's fp32 sgemm kernels only."""
+    from predictor import hardware
+    from predictor.kernels import layout as L
+
+    out = [""] * len(family)
+    rows = [i for i in range(len(family)) if family[i] == L.MATMUL and dtype[i] == L.F32]
+    if not rows:
+        return out
+    spec = hardware.get(gpu).spec
+    sms = int(spec.get("sms") or 1)
+    cc = spec.get("compute_capability", 0)
+    for i in rows:
+        d = dims[i]
+        b_t = (int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T) != 0
+        tm, tn = predict_tile(cc, sms, int(d[0]), int(d[1]), int(d[2]), int(d[3]), b_t)
+        out[i] = f"{tm}x{tn}"
+    return out

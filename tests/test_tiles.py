@@ -161,3 +161,16 @@ def test_tile_rule_beats_the_fallback_on_a_held_out_gpu(data_dir):
                            == true_w[o])
         assert learned >= bound, f"{op}: {learned:.1%} same wave count"
         assert learned >= fallback + 0.3, f"{op}: {learned:.1%} against {fallback:.1%}"
+
+
+def test_breakdown_shows_the_predicted_tile_of_fp32_matmuls():
+    import predictor
+
+    g = predictor.trace("gpt2", batch_size=2, seq_len=64)
+    ops = predictor.predict(g, "T4").ops
+    mm = ops["family"] == "matmul"
+    cands = {f"{a}x{b}" for a, b in T.CANDIDATES}
+    assert mm.any() and set(ops.loc[mm, "tile"]) <= cands
+    assert (ops.loc[~mm, "tile"] == "").all()
+    half = predictor.predict(g, "T4", dtype="fp16").ops
+    assert (half["tile"] == "").all()  # the rule knows cuBLAS's fp32 sgemm kernels only

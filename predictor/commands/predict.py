@@ -213,12 +213,16 @@ def print_breakdown(pred, n: int) -> None:
     df = pred.ops.head(n)
     table = Table(title=f"slowest ops on {pred.gpu} (per iteration: ms total = count × ms each)",
                   title_justify="left")
-    for col in ("family", "phase", "shape", "count", "ms each", "ms total", "share", "basis"):
+    # The predicted sgemm tile of fp32 matmuls (predictor.kernels.tiles), when any is shown.
+    tiles = "tile" in df and bool(df["tile"].astype(bool).any())
+    for col in ("family", "phase", "shape") + (("tile",) if tiles else ()) + (
+            "count", "ms each", "ms total", "share", "basis"):
         table.add_column(col, justify="right" if col in ("count", "ms each", "ms total", "share")
                          else "left", no_wrap=col != "shape")
     for row in df.itertuples():
-        table.add_row(row.family, row.phase, row.shape, str(row.count), f"{row.ms_each:,.4f}",
-                      f"{row.ms:,.3f}", f"{row.share:.1%}", row.basis)
+        table.add_row(row.family, row.phase, row.shape, *((row.tile,) if tiles else ()),
+                      str(row.count), f"{row.ms_each:,.4f}", f"{row.ms:,.3f}",
+                      f"{row.share:.1%}", row.basis)
     console().print(table)
 
 
