@@ -91,6 +91,9 @@ CANDIDATES = {
     "tile": lambda s: tiles_bench.predicted_tile_columns(s)[0],
     "tileinv": lambda s: tiles_bench.predicted_tile_columns(s)[1],
     "tilewaves": lambda s: tiles_bench.predicted_tile_columns(s)[2],
+    # The last wave's fullness under the tile the kernel name records (an
+    # oracle: how much knowing the tile could give at best).
+    "truetile": lambda s: tiles_bench.predicted_tile_columns(s, truth=True)[0],
 }
 
 

@@ -86,12 +86,31 @@ def _rule_without(held: tuple) -> np.ndarray:
     return _RULES[held]
 
 
-def predicted_tile_columns(s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+_TRUE: dict[str, dict] = {}
+
+
+def _true_tiles() -> dict:
+    """{(gpu, B transposed, batch, m, n, k): candidate index} of the training
+    files' GEMMs, the tile their kernel name records (first row of a shape)."""
+    key = str(DATA[0])
+    if key not in _TRUE:
+        s = C.load(DATA[0])
+        table = {}
+        for g, b, bt, m, n, k, c in zip(s.gpu, s.b_t, s.bt, s.m, s.n, s.k, s.cand):
+            if c >= 0:
+                table.setdefault((g, int(b), int(bt), int(m), int(n), int(k)), int(c))
+        _TRUE[key] = table
+    return _TRUE[key]
+
+
+def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(wave utilisation, 1 / waves, log2 waves capped at 4) under the
     predicted tile of every matmul row of OpSamples `s` (0 elsewhere), the rule
     fitted leave-one-GPU-out: samples of one GPU get a rule fitted without it,
     samples of four of the five training GPUs one fitted without the fifth,
-    as feature_selection's validation holds them out."""
+    as feature_selection's validation holds them out. `truth`: the tile
+    the kernel name records where the sample is a measured shape (an oracle
+    no prediction has; the rule's tile for the doubled and probe shapes)."""
     from predictor import hardware
     from predictor.calibration.tiles import cc_major
     from predictor.kernels import layout as L
@@ -111,6 +130,10 @@ def predicted_tile_columns(s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sms = np.array([int(hardware.get(g).spec["sms"]) for g in s.gpu[mm]], dtype=np.int64)
     b_t = ((d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
     c = T.choose_tiles(params, cc, sms, d[:, 0], d[:, 1], d[:, 2], d[:, 3], b_t, True)
+    if truth:
+        known = _true_tiles()
+        c = np.array([known.get((g, int(b), int(r[0]), int(r[1]), int(r[2]), int(r[3])), ci)
+                      for g, b, r, ci in zip(s.gpu[mm], b_t, d, c)], dtype=np.int64)
     for j, i in enumerate(mm):
         tm, tn = T.CANDIDATES[c[j]]
         tiles = T.tile_count(d[j, 0], d[j, 1], d[j, 2], tm, tn)
