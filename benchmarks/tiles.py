@@ -20,6 +20,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from predictor.calibration import tiles as C
 from predictor.kernels import tiles as T
@@ -89,6 +90,11 @@ def _rule_without(held: tuple) -> np.ndarray:
 _TRUE: dict[str, dict] = {}
 
 
+def _true_tiles_gpus() -> list[str]:
+    """The training files' GPUs."""
+    return sorted({key[0] for key in _true_tiles()})
+
+
 def _true_tiles() -> dict:
     """{(gpu, B transposed, batch, m, n, k): candidate index} of the training
     files' GEMMs, the tile their kernel name records (first row of a shape)."""
@@ -116,7 +122,7 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     from predictor.kernels import layout as L
 
     gpus = sorted(set(s.gpu))
-    every = sorted(set(C.load(DATA[0]).gpu)) if len(gpus) > 1 else gpus
+    every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
     held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
     params = _rule_without(held)
     util = np.zeros(len(s))
@@ -126,23 +132,33 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     if mm.size == 0:
         return util, inv, lw
     d = s.dims[mm]
-    cc = np.array([cc_major(g) for g in s.gpu[mm]], dtype=np.int64)
-    sms = np.array([int(hardware.get(g).spec["sms"]) for g in s.gpu[mm]], dtype=np.int64)
+    ccs = {g: cc_major(g) for g in gpus}
+    smss = {g: int(hardware.get(g).spec["sms"]) for g in gpus}
+    cc = np.array([ccs[g] for g in s.gpu[mm]], dtype=np.int64)
+    sms = np.array([smss[g] for g in s.gpu[mm]], dtype=np.int64)
     b_t = ((d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
     c = T.choose_tiles(params, cc, sms, d[:, 0], d[:, 1], d[:, 2], d[:, 3], b_t, True)
     if truth:
         known = _true_tiles()
         c = np.array([known.get((g, int(b), int(r[0]), int(r[1]), int(r[2]), int(r[3])), ci)
                       for g, b, r, ci in zip(s.gpu[mm], b_t, d, c)], dtype=np.int64)
-    for j, i in enumerate(mm):
-        tm, tn = T.CANDIDATES[c[j]]
-        tiles = T.tile_count(d[j, 0], d[j, 1], d[j, 2], tm, tn)
-        slots = sms[j] * T.blocks_per_sm(tm, tn)
-        w = T.tile_waves(sms[j], d[j, 0], d[j, 1], d[j, 2], tm, tn)
-        util[i] = tiles / (w * slots)
-        inv[i] = 1.0 / w
-        lw[i] = min(np.log2(w), 4.0)
+    tiles, slots = _tiles_and_slots(sms, d[:, 0], d[:, 1], d[:, 2], c)
+    w = np.ceil(tiles / slots)
+    util[mm] = tiles / (w * slots)
+    inv[mm] = 1.0 / w
+    lw[mm] = np.minimum(np.log2(w), 4.0)
     return util, inv, lw
+
+
+@njit(cache=True)
+def _tiles_and_slots(sms, bt, m, n, cand):
+    tiles = np.empty(m.shape[0])
+    slots = np.empty(m.shape[0])
+    for i in range(m.shape[0]):
+        tm, tn = T.CANDIDATES[cand[i], 0], T.CANDIDATES[cand[i], 1]
+        tiles[i] = T.tile_count(bt[i], m[i], n[i], tm, tn)
+        slots[i] = max(sms[i], 1) * T.blocks_per_sm(tm, tn)
+    return tiles, slots
 
 
 def main(argv=None) -> int:
