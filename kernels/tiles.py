@@ -20,7 +20,9 @@ highest score wins. Its parameters are one flat array
 (`predictor/weights/gemm_tiles.json`, written by
 `python -m calibration.tiles --data ../shared/data/neusight`). Without
 weights the analytical fallback picks the largest candidate tile that still
-fills every SM with at least one wave, else the smallest.
+fills every SM with at least one wave, else the smallest. `predictor.tiles`
+reads the shipped rule and gives the tile of one GEMM (`predict_tile`) or of
+OpTable rows.
 
 Everything is numba over scalars and arrays: no Python object per op.
 """
@@ -266,95 +268,9 @@ def feature_tensor(sms, bt, m, n, k):
 # ------------------------------------------------------------ weights --
 TILES_FILE = "gemm_tiles.json"
 TILES_FORMAT = 1
-MAX_TILES_FILE_BYTES = 1 << 20
-
-
-def read_params(path) -> np.ndarray:
-    """The flat parameter array of a ``gemm_tiles.json``; a one-line
-    WeightsError when the file is not one (wrong format, other candidates,
-    non-finite or misplaced numbers)."""
-    import json
-
-    from predictor.errors import WeightsError
-
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TILES_FILE_BYTES + 1)
-        if len(raw) > MAX_TILES_FILE_BYTES:
-            raise ValueError("larger than 1 MiB")
-        doc = json.loads(raw.decode())
-        if doc.get("format") != TILES_FORMAT:
-            raise ValueError(f"expected format {TILES_FORMAT}")
-        if doc.get("candidates") != CANDIDATES.tolist():
-            raise ValueError("its candidate tiles are not this version's")
-        params = np.asarray([float(v) for v in doc["params"]], dtype=np.float64)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise WeightsError(f"{path}: not a readable GEMM tile file ({exc})") from exc
-    base = N_TILE_FEATURES + 2 * N_CAND
-    if params.size < base or (params.size - base) % ARCH_STRIDE or \
-            not np.all(np.isfinite(params)):
-        raise WeightsError(f"{path}: damaged GEMM tile file ({params.size} parameters, "
-                           f"expected {base} + a multiple of {ARCH_STRIDE}, all finite)")
-    return params
-
-
-_SHIPPED: list[np.ndarray] = []
-
-
-def shipped_params() -> np.ndarray:
-    """The shipped tile rule (empty, the analytical fallback, when the
-    package ships none)."""
-    if not _SHIPPED:
-        from importlib import resources
-
-        ref = resources.files("predictor").joinpath("weights", TILES_FILE)
-        if ref.is_file():
-            with resources.as_file(ref) as path:
-                _SHIPPED.append(read_params(path))
-        else:
-            _SHIPPED.append(np.zeros(0))
-    return _SHIPPED[0]
 
 
 def learned_archs(params: np.ndarray) -> list[int]:
     """Compute capability majors the rule has biases of its own for."""
     base = N_TILE_FEATURES + 2 * N_CAND
     return [int(params[o]) for o in range(base, params.shape[0], ARCH_STRIDE)]
-
-
-def predict_tile(compute_capability, sms: int, bt: int, m: int, n: int, k: int,
-                 b_transposed: bool, params: np.ndarray | None = None) -> tuple[int, int]:
-    """(tile_m, tile_n) a GEMM of `bt` x (M x N, reduction K) runs with on a
-    GPU of this compute capability ("8.0", 8.0 or 8) and SM count: the
-    learned rule where it has seen the architecture, else the analytical
-    fallback. `params` defaults to the shipped rule."""
-    p = shipped_params() if params is None else np.asarray(params, dtype=np.float64)
-    try:
-        cc = int(float(compute_capability))
-    except (TypeError, ValueError):
-        cc = 0
-    c = choose_tile(p, cc, int(max(sms, 1)), int(max(bt, 1)), int(max(m, 1)), int(max(n, 1)),
-                    int(max(k, 1)), bool(b_transposed), True)
-    return int(CANDIDATES[c, 0]), int(CANDIDATES[c, 1])
-
-
-def row_tiles(family: np.ndarray, dims: np.ndarray, dtype: np.ndarray, gpu) -> list[str]:
-    """The predicted sgemm tile ("64x128", rows x columns) of each fp32
-    matmul OpTable row on one GPU (a spec id or record), "" for other rows:
-    the learned rule covers cuBLAS's fp32 sgemm kernels only."""
-    from predictor import hardware
-    from predictor.kernels import layout as L
-
-    out = [""] * len(family)
-    rows = [i for i in range(len(family)) if family[i] == L.MATMUL and dtype[i] == L.F32]
-    if not rows:
-        return out
-    spec = hardware.get(gpu).spec
-    sms = int(spec.get("sms") or 1)
-    cc = spec.get("compute_capability", 0)
-    for i in rows:
-        d = dims[i]
-        b_t = (int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T) != 0
-        tm, tn = predict_tile(cc, sms, int(d[0]), int(d[1]), int(d[2]), int(d[3]), b_t)
-        out[i] = f"{tm}x{tn}"
-    return out

@@ -10,7 +10,7 @@ import numpy as np
 
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
-from predictor.kernels.tiles import row_tiles
+from predictor.tiles import row_tiles
 
 
 def describe(family: int, d) -> str:
@@ -124,7 +124,7 @@ class Prediction:
             "share": total_ms / max(total_ms.sum(), 1e-30),
             "basis": basis,
             # The sgemm output tile fp32 matmuls are predicted to run with
-            # (predictor.kernels.tiles; "" for other rows).
+            # (predictor.tiles; "" for other rows).
             "tile": row_tiles(t.family, dims, t.dtype, self.gpu),
         })
         return df.sort_values("ms", ascending=False, ignore_index=True)

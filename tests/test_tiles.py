@@ -1,4 +1,4 @@
-"""GEMM tile choice (predictor.kernels.tiles): kernel names, the analytical
+"""GEMM tile choice (predictor.kernels.tiles, predictor.tiles): kernel names, the analytical
 fallback, the learned rule on odd shapes, and its leave-one-GPU-out accuracy
 on the training files."""
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from predictor.errors import WeightsError
+from predictor import tiles as P
 from predictor.kernels import tiles as T
 
 
@@ -60,20 +61,20 @@ def test_fallback_is_the_largest_tile_that_fills_every_sm():
     # Too small to fill the GPU under any tile: the smallest.
     assert tuple(T.CANDIDATES[T.fallback_tile(80, 1, 16, 16)]) == (32, 32)
     # Without weights predict_tile is the fallback.
-    assert T.predict_tile(7.0, 80, 1, 1024, 1024, 512, True, params=np.zeros(0)) == (64, 128)
+    assert P.predict_tile(7.0, 80, 1, 1024, 1024, 512, True, params=np.zeros(0)) == (64, 128)
 
 
 def test_unknown_architecture_gets_the_fallback():
-    params = T.shipped_params()
+    params = P.shipped_params()
     if params.size == 0:
         pytest.skip("no gemm_tiles.json shipped")
     for shape in ((1, 4096, 1024, 1024), (64, 128, 64, 64), (1, 300, 20, 5000)):
-        assert T.predict_tile("9.0", 132, *shape, True) == \
+        assert P.predict_tile("9.0", 132, *shape, True) == \
             tuple(int(v) for v in T.CANDIDATES[T.fallback_tile(132, *shape[:3])])
 
 
 def test_shipped_rule_reads_and_knows_the_training_architectures():
-    params = T.shipped_params()
+    params = P.shipped_params()
     if params.size == 0:
         pytest.skip("no gemm_tiles.json shipped")
     assert T.learned_archs(params) == [6, 7, 8]
@@ -87,8 +88,8 @@ def test_shipped_rule_reads_and_knows_the_training_architectures():
                                    (3, 2 ** 62, 2 ** 62, 2 ** 62), (4096, 17, 31, 1 << 30)])
 def test_predicted_tile_is_a_candidate_on_odd_shapes(cc, sms, shape):
     for bt_flag in (True, False):
-        for params in (T.shipped_params(), np.zeros(0)):
-            tile = T.predict_tile(cc, sms, *shape, bt_flag, params=params)
+        for params in (P.shipped_params(), np.zeros(0)):
+            tile = P.predict_tile(cc, sms, *shape, bt_flag, params=params)
             assert tile in {tuple(int(v) for v in c) for c in T.CANDIDATES}
     f = np.empty(T.N_TILE_FEATURES)
     for c in T.CANDIDATES:
@@ -103,17 +104,17 @@ def test_damaged_tile_file_is_a_one_line_error(tmp_path):
             "params": [0.0] * (T.N_TILE_FEATURES + 2 * T.N_CAND)}
     p = tmp_path / "gemm_tiles.json"
     p.write_text(json.dumps(good))
-    assert T.read_params(p).size == T.N_TILE_FEATURES + 2 * T.N_CAND
+    assert P.read_params(p).size == T.N_TILE_FEATURES + 2 * T.N_CAND
     for bad in ({**good, "format": 99}, {**good, "candidates": [[1, 2]]},
                 {**good, "params": [0.0] * 3}, {**good, "params": ["nan"] * 20},
                 {**good, "params": None}):
         p.write_text(json.dumps(bad))
         with pytest.raises(WeightsError) as e:
-            T.read_params(p)
+            P.read_params(p)
         assert "\n" not in str(e.value)
     p.write_text("{not json")
     with pytest.raises(WeightsError):
-        T.read_params(p)
+        P.read_params(p)
 
 
 def test_training_grids_are_the_parsed_tiles_over_the_output(data_dir):
