@@ -11,7 +11,7 @@ from importlib import resources
 import numpy as np
 
 from predictor import hardware
-from predictor.errors import WeightsError
+from predictor.errors import PredictorError, WeightsError
 from predictor.kernels import layout as L
 from predictor.kernels.tiles import (ARCH_STRIDE, CANDIDATES, N_CAND, N_TILE_FEATURES,
                                      TILES_FILE, TILES_FORMAT, choose_tile)
@@ -78,13 +78,17 @@ def predict_tile(compute_capability, sms: int, bt: int, m: int, n: int, k: int,
 
 def row_tiles(family: np.ndarray, dims: np.ndarray, dtype: np.ndarray, gpu) -> list[str]:
     """The predicted sgemm tile ("64x128", rows x columns) of each fp32
-    matmul OpTable row on one GPU (a spec id or record), "" for other rows:
-    the learned rule covers cuBLAS's fp32 sgemm kernels only."""
+    matmul OpTable row on one GPU (a spec id or record), "" for other rows
+    and on a device without a GPU spec: the learned rule covers cuBLAS's
+    fp32 sgemm kernels only."""
     out = [""] * len(family)
     rows = [i for i in range(len(family)) if family[i] == L.MATMUL and dtype[i] == L.F32]
     if not rows:
         return out
-    spec = hardware.get(gpu).spec
+    try:
+        spec = hardware.get(gpu).spec
+    except PredictorError:  # a calibrated CPU, or a device no spec describes: no tile to show
+        return out
     sms = int(spec.get("sms") or 1)
     cc = spec.get("compute_capability", 0)
     for i in rows:

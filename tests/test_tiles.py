@@ -175,3 +175,13 @@ def test_breakdown_shows_the_predicted_tile_of_fp32_matmuls():
     assert (ops.loc[~mm, "tile"] == "").all()
     half = predictor.predict(g, "T4", dtype="fp16").ops
     assert (half["tile"] == "").all()  # the rule knows cuBLAS's fp32 sgemm kernels only
+
+
+def test_row_tiles_show_nothing_on_a_device_without_a_gpu_spec():
+    from predictor.kernels import layout as L
+
+    dims = np.zeros((1, L.MAX_DIMS), dtype=np.int64)
+    dims[0, :4] = (1, 256, 256, 256)
+    fam, dt = np.array([L.MATMUL]), np.array([L.F32])
+    assert P.row_tiles(fam, dims, dt, "cpu") == [""]
+    assert P.row_tiles(fam, dims, dt, "T4")[0] in {f"{a}x{b}" for a, b in T.CANDIDATES}
