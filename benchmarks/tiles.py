@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from predictor import hardware
 from predictor.calibration import tiles as C
+from predictor.kernels import layout as L
 from predictor.kernels import tiles as T
 from predictor.kernels.work import TILE_M, TILE_N
 
@@ -117,10 +119,6 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     as feature_selection's validation holds them out. `truth`: the tile
     the kernel name records where the sample is a measured shape (an oracle
     no prediction has; the rule's tile for the doubled and probe shapes)."""
-    from predictor import hardware
-    from predictor.calibration.tiles import cc_major
-    from predictor.kernels import layout as L
-
     gpus = sorted(set(s.gpu))
     every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
     held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
@@ -132,7 +130,7 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     if mm.size == 0:
         return util, inv, lw
     d = s.dims[mm]
-    ccs = {g: cc_major(g) for g in gpus}
+    ccs = {g: C.cc_major(g) for g in gpus}
     smss = {g: int(hardware.get(g).spec["sms"]) for g in gpus}
     cc = np.array([ccs[g] for g in s.gpu[mm]], dtype=np.int64)
     sms = np.array([smss[g] for g in s.gpu[mm]], dtype=np.int64)

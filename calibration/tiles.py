@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from predictor import hardware
+from predictor import hardware, tiles
 from predictor.calibration import datasets as D
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import tiles as T
@@ -61,11 +61,7 @@ class TileSamples:
 
 def cc_major(gpu_id: str) -> int:
     """Compute capability major of a spec (0 when the spec has none)."""
-    cc = hardware.get(gpu_id).spec.get("compute_capability")
-    try:
-        return int(float(cc))
-    except (TypeError, ValueError):
-        return 0
+    return tiles.cc_major(hardware.get(gpu_id).spec.get("compute_capability"))
 
 
 def load(data: str | Path, ops=("linear", "bmm")) -> TileSamples:

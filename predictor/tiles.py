@@ -5,6 +5,7 @@ fallback are numba functions in ``predictor.kernels.tiles``."""
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib import resources
 
@@ -14,7 +15,7 @@ from predictor import hardware
 from predictor.errors import PredictorError, WeightsError
 from predictor.kernels import layout as L
 from predictor.kernels.tiles import (ARCH_STRIDE, CANDIDATES, N_CAND, N_TILE_FEATURES,
-                                     TILES_FILE, TILES_FORMAT, choose_tile)
+                                     TILES_FILE, TILES_FORMAT, choose_tile, choose_tiles)
 
 MAX_TILES_FILE_BYTES = 1 << 20
 
@@ -44,20 +45,24 @@ def read_params(path) -> np.ndarray:
     return params
 
 
-_SHIPPED: list[np.ndarray] = []
-
-
+@functools.lru_cache(maxsize=1)
 def shipped_params() -> np.ndarray:
     """The shipped tile rule (empty, the analytical fallback, when the
     package ships none)."""
-    if not _SHIPPED:
-        ref = resources.files("predictor").joinpath("weights", TILES_FILE)
-        if ref.is_file():
-            with resources.as_file(ref) as path:
-                _SHIPPED.append(read_params(path))
-        else:
-            _SHIPPED.append(np.zeros(0))
-    return _SHIPPED[0]
+    ref = resources.files("predictor").joinpath("weights", TILES_FILE)
+    if not ref.is_file():
+        return np.zeros(0)
+    with resources.as_file(ref) as path:
+        return read_params(path)
+
+
+def cc_major(compute_capability) -> int:
+    """The major of a compute capability ("8.0", 8.0 or 8); 0 when there is
+    none (the rule then knows no architecture of it)."""
+    try:
+        return int(float(compute_capability))
+    except (TypeError, ValueError):
+        return 0
 
 
 def predict_tile(compute_capability, sms: int, bt: int, m: int, n: int, k: int,
@@ -67,12 +72,8 @@ def predict_tile(compute_capability, sms: int, bt: int, m: int, n: int, k: int,
     learned rule where it has seen the architecture, else the analytical
     fallback. `params` defaults to the shipped rule."""
     p = shipped_params() if params is None else np.asarray(params, dtype=np.float64)
-    try:
-        cc = int(float(compute_capability))
-    except (TypeError, ValueError):
-        cc = 0
-    c = choose_tile(p, cc, int(max(sms, 1)), int(max(bt, 1)), int(max(m, 1)), int(max(n, 1)),
-                    int(max(k, 1)), bool(b_transposed), True)
+    c = choose_tile(p, cc_major(compute_capability), int(max(sms, 1)), int(max(bt, 1)),
+                    int(max(m, 1)), int(max(n, 1)), int(max(k, 1)), bool(b_transposed), True)
     return int(CANDIDATES[c, 0]), int(CANDIDATES[c, 1])
 
 
@@ -82,18 +83,18 @@ def row_tiles(family: np.ndarray, dims: np.ndarray, dtype: np.ndarray, gpu) -> l
     and on a device without a GPU spec: the learned rule covers cuBLAS's
     fp32 sgemm kernels only."""
     out = [""] * len(family)
-    rows = [i for i in range(len(family)) if family[i] == L.MATMUL and dtype[i] == L.F32]
-    if not rows:
+    rows = np.flatnonzero((np.asarray(family) == L.MATMUL) & (np.asarray(dtype) == L.F32))
+    if rows.size == 0:
         return out
     try:
         spec = hardware.get(gpu).spec
     except PredictorError:  # a calibrated CPU, or a device no spec describes: no tile to show
         return out
-    sms = int(spec.get("sms") or 1)
-    cc = spec.get("compute_capability", 0)
-    for i in rows:
-        d = dims[i]
-        b_t = (int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T) != 0
-        tm, tn = predict_tile(cc, sms, int(d[0]), int(d[1]), int(d[2]), int(d[3]), b_t)
-        out[i] = f"{tm}x{tn}"
+    d = np.ascontiguousarray(dims[rows], dtype=np.int64)
+    n = rows.size
+    chosen = choose_tiles(shipped_params(), np.full(n, cc_major(spec.get("compute_capability"))),
+                          np.full(n, int(spec.get("sms") or 1)), d[:, 0], d[:, 1], d[:, 2],
+                          d[:, 3], (d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0, True)
+    for i, c in zip(rows, chosen):
+        out[i] = f"{CANDIDATES[c, 0]}x{CANDIDATES[c, 1]}"
     return out
