@@ -113,7 +113,11 @@ G_TDP_W = 15
 # 0: none known). Boards of one chip share the op models' per-chip corrections
 # (see predictor.kernels.mlp.chip_correction); no model reads it as a feature.
 G_CHIP = 16
-N_GPU_FEATURES = 17
+# Best measured tensor-core matmul throughput over the dense fp16/bf16 peak
+# (specs field tensor_core_matmul_fraction); 0: not measured, the kernels use
+# precision.TC_FRACTION.
+G_TC_FRACTION = 17
+N_GPU_FEATURES = 18
 
 # ---- basis of a per-op time ----------------------------------------------------
 BASIS_ANALYTICAL = 0

@@ -19,6 +19,7 @@ import numpy as np
 from predictor.errors import SpecError, UnknownGPUError
 from predictor.io import MiB, printable, read_text
 from predictor.kernels import layout as L
+from predictor.kernels.precision import TC_FRACTION
 
 # Fields every GPU needs for a prediction, with the feature column they fill.
 REQUIRED = {
@@ -41,6 +42,8 @@ OPTIONAL = {
     "registers_per_sm": (L.G_REGS_SM, 65536),
     "shared_mem_per_sm_kb": (L.G_SMEM_SM_KB, 96),
     "tdp_w": (L.G_TDP_W, 300),
+    # Not measured: the median of the GPUs that were (precision.TC_FRACTION).
+    "tensor_core_matmul_fraction": (L.G_TC_FRACTION, TC_FRACTION),
 }
 
 # The GPUs `predictor predict` shows when none are named.
@@ -114,7 +117,7 @@ _RANGES = {
     "sms": (1, 1e5), "boost_clock_mhz": (1, 1e5), "memory_bw_gbs": (1e-3, 1e7),
     "memory_gb": (1e-3, 1e7), "l2_mb": (1e-3, 1e6), "max_threads_per_sm": (32, 1e5),
     "max_blocks_per_sm": (1, 1e4), "registers_per_sm": (1024, 1e8),
-    "shared_mem_per_sm_kb": (1, 1e6),
+    "shared_mem_per_sm_kb": (1, 1e6), "tensor_core_matmul_fraction": (0.05, 2.0),
 }
 _TFLOPS_RANGE = (1e-6, 1e7)
 # Optional numbers other modules read (prices, all-reduce bandwidth): when

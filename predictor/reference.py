@@ -316,13 +316,13 @@ def tensor_core_peak(family: int, dtype_code: int, gpu, params) -> float:
     fp32 = gpu[L.G_FP32_TFLOPS]
     if dtype_code == L.F16:
         p = gpu[L.G_FP16_TFLOPS]
-        ok = p >= 4.0 * fp32 or (p >= 2.0 * fp32 and gpu[L.G_BF16_TFLOPS] >= 2.0 * fp32)
+        ok = p >= 4.0 * fp32 or (p >= 1.9 * fp32 and gpu[L.G_BF16_TFLOPS] >= 1.9 * fp32)
     elif dtype_code == L.BF16:
         p = gpu[L.G_BF16_TFLOPS]
-        ok = p >= 2.0 * fp32
+        ok = p >= 1.9 * fp32
     elif dtype_code == L.F32 and family == L.MATMUL and params[R.P_TF32_MATMUL] > 0.5:
         p = gpu[L.G_TF32_TFLOPS]
-        ok = p >= 2.0 * fp32
+        ok = p >= 1.9 * fp32
     else:
         return 0.0
     return p * 1e12 if ok else 0.0
@@ -372,7 +372,8 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
     else:
         g = max(d[9], 1)
         ok = (d[1] // g) % a == 0 and (d[4] // g) % a == 0
-    eff = P.TC_FRACTION / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
+    frac = float(gpu[L.G_TC_FRACTION]) if len(gpu) > L.G_TC_FRACTION else 0.0
+    eff = (frac if frac > 0.0 else P.TC_FRACTION) / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
     t_c = waves * (2.0 * P.TC_TILE_M * P.TC_TILE_N * k_tile) * ratio / (peak / sms * eff) * 1e6
     width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
     t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family]) * 1e6
