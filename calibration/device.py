@@ -307,6 +307,7 @@ def cpu_features(peak_gflops: float, bandwidth_gbs: float, threads: int) -> np.n
     f[L.G_REGS_SM] = 65536
     f[L.G_SMEM_SM_KB] = 96
     f[L.G_MEMORY_GB] = _ram_gb()
+    f[L.G_FFMA_ISSUE] = 1.0
     return f
 
 

@@ -117,7 +117,11 @@ G_CHIP = 16
 # (specs field tensor_core_matmul_fraction); 0: not measured, the kernels use
 # precision.TC_FRACTION.
 G_TC_FRACTION = 17
-N_GPU_FEATURES = 18
+# The share of the FP32 peak a GEMM's FFMA inner loop can issue on this SM
+# (roofline.FFMA_ISSUE_SHARE where one scheduler feeds 32 FP32 lanes, else 1;
+# set by predictor.hardware; 0 in an old row: read as 1).
+G_FFMA_ISSUE = 18
+N_GPU_FEATURES = 19
 
 # ---- basis of a per-op time ----------------------------------------------------
 BASIS_ANALYTICAL = 0

@@ -74,6 +74,31 @@ def default_params() -> np.ndarray:
     return p
 
 
+# The share of issue slots a register-blocked SGEMM inner loop gives its
+# FFMAs, where nothing but the FFMAs is left to co-issue with. cuBLAS's fp32
+# GEMMs keep an 8 x 8 accumulator tile per thread: per k-step 64 FFMA and 4
+# LDS.128 (8 values of A, 8 of B), and per 8-deep k-tile 2 LDG.128 and 2
+# STS.128 (the next tile, 2,048 values over 256 threads), a BAR.SYNC and
+# about 8 integer and branch instructions of address and loop control: 512
+# FFMA in 557 instructions. An SM partition whose scheduler feeds 32 FP32
+# lanes from one issue slot a cycle (GA10x, AD10x, Hopper, Blackwell: 128
+# FP32 lanes per SM, compute capability 8.6 and later) completes a warp's
+# FFMA every cycle, so every other instruction takes an FFMA's slot: at most
+# 512 / 557 of the peak. Where it feeds 16 lanes (Volta, Turing, GA100: 64
+# lanes per SM) an FFMA holds the lanes two cycles and the rest issue in
+# between; Maxwell and Pascal dual-issue a memory instruction beside an FFMA.
+# Derived from the instruction count, not fitted: none of the five GPUs of
+# the per-kernel training data is of that kind (predictor.hardware sets it).
+FFMA_ISSUE_SHARE = 512.0 / 557.0
+
+
+@njit(cache=True)
+def ffma_issue(gpu):
+    """The GPU's G_FFMA_ISSUE (1 where a row predates the column or has 0)."""
+    f = gpu[L.G_FFMA_ISSUE] if gpu.shape[0] > L.G_FFMA_ISSUE else 0.0
+    return f if f > 0.0 else 1.0
+
+
 @njit(cache=True)
 def peak_flops(gpu, family, dtype_code, params):
     """Peak FLOP/s this row can use on this GPU (TF32 per PyTorch's defaults)."""
@@ -98,7 +123,8 @@ def peak_flops(gpu, family, dtype_code, params):
     use_tf32 = params[P_TF32_CONV] > 0.5 if conv else params[P_TF32_MATMUL] > 0.5
     if use_tf32:
         return max(gpu[L.G_TF32_TFLOPS], gpu[L.G_FP32_TFLOPS]) * 1e12
-    return gpu[L.G_FP32_TFLOPS] * 1e12
+    # fp32 on the CUDA cores: an FFMA loop, at most the share it can issue.
+    return gpu[L.G_FP32_TFLOPS] * 1e12 * ffma_issue(gpu)
 
 
 @njit(cache=True)

@@ -20,6 +20,7 @@ from predictor.errors import SpecError, UnknownGPUError
 from predictor.io import MiB, printable, read_text
 from predictor.kernels import layout as L
 from predictor.kernels.precision import TC_FRACTION
+from predictor.kernels.roofline import FFMA_ISSUE_SHARE
 
 # Fields every GPU needs for a prediction, with the feature column they fill.
 REQUIRED = {
@@ -165,6 +166,23 @@ def chip_key(architecture, sms) -> float:
     return float(1 + zlib.crc32(f"{architecture.strip().lower()}:{int(sms)}".encode()))
 
 
+def ffma_issue_share(spec: dict) -> float:
+    """The share of the FP32 peak a GEMM's FFMA loop can issue (see
+    roofline.FFMA_ISSUE_SHARE): below 1 on NVIDIA SMs from compute
+    capability 7.0 whose four schedulers each feed 32 FP32 lanes (128 per
+    SM: GA10x, AD10x, Hopper, Blackwell), 1 everywhere else (Volta, Turing
+    and GA100 feed 16 lanes a scheduler; Maxwell and Pascal dual-issue; AMD
+    and specs without the fields)."""
+    if str(spec.get("vendor", "nvidia")).lower() != "nvidia":
+        return 1.0
+    try:
+        cc = float(str(spec.get("compute_capability")))
+        lanes = float(spec.get("fp32_cores_per_sm"))
+    except (TypeError, ValueError):
+        return 1.0
+    return FFMA_ISSUE_SHARE if cc >= 7.0 and lanes / 4.0 >= 32.0 else 1.0
+
+
 def _gpu_from_spec(spec: dict, where: str) -> GPU:
     if not isinstance(spec, dict):
         raise SpecError(f"{where}: each [[gpu]] entry must be a table")
@@ -225,6 +243,7 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
                     L.G_FP16_TFLOPS, L.G_BF16_TFLOPS, L.G_FP64_TFLOPS, L.G_FP8_TFLOPS):
             f[col] /= dies
     f[L.G_CHIP] = chip_key(spec.get("architecture"), f[L.G_SMS])
+    f[L.G_FFMA_ISSUE] = ffma_issue_share(spec)
     return GPU(id=gid, name=str(spec.get("name", gid)), vendor=str(spec.get("vendor", "nvidia")),
                features=f, spec=dict(spec))
 

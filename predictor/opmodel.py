@@ -106,6 +106,33 @@ def weights() -> np.ndarray:
     return shipped()[0]
 
 
+def measured_chips(mlp: np.ndarray | None = None) -> frozenset[float]:
+    """The chip keys (``hardware.chip_key``) whose own kernels trained the
+    weights: those with a per-chip correction of their own in some group.
+    Every other GPU is predicted from its spec sheet alone."""
+    from predictor.kernels.features import N_GROUPS
+    from predictor.kernels.mlp import HEADER, OTHER_CHIPS
+
+    mlp = weights() if mlp is None else mlp
+    if mlp.size == 0:
+        return frozenset()
+    keys = set()
+    for g in range(N_GROUPS):
+        off, n = int(mlp[1 + HEADER * g + 6]), int(mlp[1 + HEADER * g + 7])
+        keys.update(float(mlp[off + 2 * i]) for i in range(n))
+    return frozenset(keys - {OTHER_CHIPS, 0.0})
+
+
+def outside_training_data(gpus) -> list[str]:
+    """Ids of the GPUs among `gpus` (hardware.GPU) whose chip none of the
+    shipped weights' measured kernels ran on (empty when no learned weights
+    ship: nothing is learned from any GPU then)."""
+    chips = measured_chips()
+    if not chips:
+        return []
+    return [g.id for g in gpus if g.features[L.G_CHIP] not in chips]
+
+
 def predict_rows(family: np.ndarray, dims: np.ndarray, gpus: Sequence[str] | str,
                  dtype: np.ndarray | None = None, *, mlp: np.ndarray | None = None,
                  params: np.ndarray | None = None) -> np.ndarray:

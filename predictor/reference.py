@@ -132,7 +132,8 @@ def peak_flops(gpu: Sequence[float], family: int, dtype_code: int, params) -> fl
     switch = R.P_TF32_CONV if family in _TF32_CONV_FAMILIES else R.P_TF32_MATMUL
     if params[switch] > 0.5:
         return max(gpu[L.G_TF32_TFLOPS], fp32) * 1e12
-    return fp32 * 1e12
+    issue = float(gpu[L.G_FFMA_ISSUE]) if len(gpu) > L.G_FFMA_ISSUE else 0.0
+    return fp32 * 1e12 * (issue if issue > 0.0 else 1.0)
 
 
 def wave_utilisation(blocks: int, slots: int) -> float:

@@ -249,3 +249,32 @@ def test_no_bf16_tensor_core_peak_without_bf16_support():
             "fp32_tflops": 15.0, "bf16_tflops": 120.0, "bf16_supported": False}
     f = hardware._gpu_from_spec(spec, "test").features
     assert f[L.G_BF16_TFLOPS] == 15.0
+
+
+# ---- GPUs outside the op models' training data --------------------------------
+
+def test_gpus_outside_the_training_data_are_named_in_every_format(lm_factory, capsys):
+    """A GPU whose chip none of the shipped weights' kernels ran on is named in
+    one note (table, --json, --csv's stderr); GPUs of the data, and other
+    boards of their chips (an A100 SXM4 is an A100 PCIe's chip), are not."""
+    from predictor import opmodel
+
+    if not opmodel.measured_chips():
+        pytest.skip("no learned weights ship: no GPU's kernels trained them")
+    args = ["predict", lm_factory, "--gpus", "H100-SXM5-80GB,L4,V100-PCIE-32GB,A100-SXM4-80GB"]
+
+    def check(note):
+        assert note.startswith("H100-SXM5-80GB, L4: not a chip of the op models' training data")
+        assert "V100-PCIE-32GB)" in note and "\n" not in note
+
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    check(next(line for line in out.splitlines() if "training data" in line))
+    assert cli.main(args + ["--json"]) == 0
+    check(next(n for n in json.loads(capsys.readouterr().out)["notes"] if "training data" in n))
+    assert cli.main(args + ["--csv"]) == 0
+    err = capsys.readouterr().err
+    check(next(line for line in err.splitlines() if "training data" in line)
+          .removeprefix("predictor: note: "))
+    assert cli.main(["predict", lm_factory, "--gpus", "T4,A100-SXM4-80GB", "--json"]) == 0
+    assert not any("training data" in n for n in json.loads(capsys.readouterr().out)["notes"])

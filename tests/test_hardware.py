@@ -98,3 +98,34 @@ def test_bad_spec_files_name_the_file(tmp_path, monkeypatch, text, match):
 def test_missing_spec_file(tmp_path):
     with pytest.raises(SpecError, match="cannot read"):
         hardware.load_specs(tmp_path / "nope.toml")
+
+
+def test_ffma_issue_share_only_on_32_lane_schedulers():
+    """fp32 GEMMs on an SM whose schedulers each feed 32 FP32 lanes (GA10x,
+    AD10x, Hopper, Blackwell) can issue at most FFMA_ISSUE_SHARE of the peak;
+    the five training GPUs' SMs (Pascal, Volta, Turing, GA100) and AMD's keep
+    the full peak, so the learned models' training inputs do not move."""
+    from predictor.engine import model_params
+    from predictor.kernels.roofline import FFMA_ISSUE_SHARE, peak_flops
+
+    assert 0.9 < FFMA_ISSUE_SHARE < 0.93
+    p = model_params()
+    for gid in ("H100-SXM5-80GB", "L4", "RTX-3090", "RTX-4090", "B200", "A10G"):
+        g = hardware.get(gid).features
+        assert g[L.G_FFMA_ISSUE] == FFMA_ISSUE_SHARE, gid
+        assert peak_flops(g, L.MATMUL, L.F32, p) == \
+            pytest.approx(g[L.G_FP32_TFLOPS] * 1e12 * FFMA_ISSUE_SHARE)
+        # TF32, half precision and memory-bound rows are not FFMA loops.
+        assert peak_flops(g, L.MATMUL, L.BF16, p) == pytest.approx(g[L.G_BF16_TFLOPS] * 1e12)
+        assert peak_flops(g, L.ELEMENTWISE, L.F32, p) == pytest.approx(g[L.G_FP32_TFLOPS] * 1e12)
+    for gid in ("P4", "P100-PCIE-16GB", "T4", "V100-PCIE-32GB", "A100-PCIE-40GB",
+                "A100-SXM4-80GB", "MI300X"):
+        g = hardware.get(gid).features
+        assert g[L.G_FFMA_ISSUE] == 1.0, gid
+    # A row written before the column existed (shorter, or 0 there) keeps the peak.
+    h100 = hardware.get("H100-SXM5-80GB").features
+    old = h100[:L.G_FFMA_ISSUE].copy()
+    zero = h100.copy()
+    zero[L.G_FFMA_ISSUE] = 0.0
+    for row in (old, zero):
+        assert peak_flops(row, L.MATMUL, L.F32, p) == pytest.approx(h100[L.G_FP32_TFLOPS] * 1e12)

@@ -132,6 +132,15 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     out = list(getattr(graph, "notes", None) or [])
     bf16 = dtype == "bfloat16" or dtype is None and (
         getattr(graph, "amp", None) == "bf16" or _traced_in_bf16(graph))
+    from predictor import opmodel
+
+    outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])
+    if outside:
+        trained = ", ".join(opmodel.shipped()[1].get("gpus", []))
+        out.append(f"{', '.join(outside)}: not a chip of the op models' training data "
+                   f"({trained}); predicted from the spec sheet, so expect larger errors than "
+                   "on those (README, 'How accurate'); calibrating on a GPU you have narrows "
+                   "them")
     lacking = [g.id for g in gpus if bf16 and g.spec.get("bf16_supported", True) is False]
     if lacking:
         out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "
