@@ -57,7 +57,8 @@ from __future__ import annotations
 from numba import njit
 
 from predictor.kernels import layout as L
-from predictor.kernels.roofline import P_ETA_M, P_LAUNCH_US, P_TF32_MATMUL, SPLIT_K_MIN
+from predictor.kernels.roofline import (P_ETA_M, P_LAUNCH_US, P_TF32_MATMUL, SPLIT_K_MIN,
+                                       column_or)
 from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes
 
 AS_IS = 0
@@ -178,8 +179,7 @@ def tc_fraction(gpu):
     """The GPU's achievable fraction of its tensor-core peak: its measured
     one where the spec has it, else TC_FRACTION (a CPU's or an old
     calibration file's row has 0 there)."""
-    f = gpu[L.G_TC_FRACTION] if gpu.shape[0] > L.G_TC_FRACTION else 0.0
-    return f if f > 0.0 else TC_FRACTION
+    return column_or(gpu, L.G_TC_FRACTION, TC_FRACTION)
 
 
 @njit(cache=True)

@@ -93,10 +93,17 @@ FFMA_ISSUE_SHARE = 512.0 / 557.0
 
 
 @njit(cache=True)
+def column_or(gpu, col, default):
+    """A GPU row's column `col`, or `default` where the row predates the
+    column (an old calibration file's) or holds 0 there (a CPU's row)."""
+    f = gpu[col] if gpu.shape[0] > col else 0.0
+    return f if f > 0.0 else default
+
+
+@njit(cache=True)
 def ffma_issue(gpu):
-    """The GPU's G_FFMA_ISSUE (1 where a row predates the column or has 0)."""
-    f = gpu[L.G_FFMA_ISSUE] if gpu.shape[0] > L.G_FFMA_ISSUE else 0.0
-    return f if f > 0.0 else 1.0
+    """The GPU's G_FFMA_ISSUE (1 where the row has none)."""
+    return column_or(gpu, L.G_FFMA_ISSUE, 1.0)
 
 
 @njit(cache=True)

@@ -117,6 +117,11 @@ _TENSOR_CORE_FAMILIES = (L.MATMUL, L.CONV, L.CONV_DGRAD, L.CONV_WGRAD, L.ATTENTI
 _TF32_CONV_FAMILIES = (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD, L.LSTM, L.LSTM_BWD)
 
 
+def _column_or(gpu: Sequence[float], col: int, default: float) -> float:
+    f = float(gpu[col]) if len(gpu) > col else 0.0
+    return f if f > 0.0 else default
+
+
 def peak_flops(gpu: Sequence[float], family: int, dtype_code: int, params) -> float:
     fp32 = gpu[L.G_FP32_TFLOPS]
     if family not in _TENSOR_CORE_FAMILIES:
@@ -132,8 +137,7 @@ def peak_flops(gpu: Sequence[float], family: int, dtype_code: int, params) -> fl
     switch = R.P_TF32_CONV if family in _TF32_CONV_FAMILIES else R.P_TF32_MATMUL
     if params[switch] > 0.5:
         return max(gpu[L.G_TF32_TFLOPS], fp32) * 1e12
-    issue = float(gpu[L.G_FFMA_ISSUE]) if len(gpu) > L.G_FFMA_ISSUE else 0.0
-    return fp32 * 1e12 * (issue if issue > 0.0 else 1.0)
+    return fp32 * 1e12 * _column_or(gpu, L.G_FFMA_ISSUE, 1.0)
 
 
 def wave_utilisation(blocks: int, slots: int) -> float:
@@ -373,8 +377,7 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
     else:
         g = max(d[9], 1)
         ok = (d[1] // g) % a == 0 and (d[4] // g) % a == 0
-    frac = float(gpu[L.G_TC_FRACTION]) if len(gpu) > L.G_TC_FRACTION else 0.0
-    eff = (frac if frac > 0.0 else P.TC_FRACTION) / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
+    eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
     t_c = waves * (2.0 * P.TC_TILE_M * P.TC_TILE_N * k_tile) * ratio / (peak / sms * eff) * 1e6
     width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
     t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family]) * 1e6
