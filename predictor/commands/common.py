@@ -137,7 +137,7 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])
     if outside:
         trained = ", ".join(opmodel.shipped()[1].get("gpus", []))
-        out.append(f"{', '.join(outside)}: not a chip of the op models' training data "
+        out.append(f"{', '.join(sorted(outside))}: not a chip of the op models' training data "
                    f"({trained}); predicted from the spec sheet, so expect larger errors than "
                    "on those (README, 'How accurate'); calibrating on a GPU you have narrows "
                    "them")
