@@ -97,6 +97,14 @@ def test_gpus_and_zoo_listings(capsys):
     assert cli.main(["gpus", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) >= 25
+    # Which GPUs' chips the op models were trained on (boards of one chip alike).
+    trained = {r["id"]: r["chip_in_training_data"] for r in rows}
+    from predictor import opmodel
+    if opmodel.measured_chips():
+        assert trained["V100-PCIE-32GB"] and trained["V100-SXM2-16GB"] and trained["A100-SXM4-80GB"]
+        assert not trained["H100-SXM5-80GB"] and not trained["L4"] and not trained["MI300X"]
+    assert cli.main(["gpus"]) == 0
+    assert "trained on" in capsys.readouterr().out
     assert cli.main(["zoo"]) == 0
     out = capsys.readouterr().out
     for name in ("resnet50", "inception_v3", "transformer", "gnmt", "dcgan", "bert-large",

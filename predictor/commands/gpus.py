@@ -39,8 +39,14 @@ def run(args: argparse.Namespace) -> int:
 
     from predictor import hardware
 
+    from predictor import opmodel
+
     load_specs(args.spec)
     df = hardware.gpus()
+    # Whether the op models were trained on kernels measured on the GPU's chip
+    # (else it is predicted from its spec sheet alone).
+    outside = set(opmodel.outside_training_data(list(hardware.database())))
+    df["chip_in_training_data"] = [gid not in outside for gid in df["id"]]
     if args.json:
         print(df.to_json(orient="records", indent=2))
         return 0
@@ -57,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(label, justify="left" if key == "id" else "right", no_wrap=True)
     table.add_column("$/h cloud", justify="right", no_wrap=True)
     table.add_column("$/h market", justify="right", no_wrap=True)
+    table.add_column("trained on", justify="center", no_wrap=True)
     for row in df.to_dict(orient="records"):
         table.add_row(*[fmt(row[k]) for k, _ in cols],
                       price_cell(row["price_usd_per_hour"], row["price_estimate"]),
-                      price_cell(row["marketplace_usd_per_hour"], row["marketplace_estimate"]))
+                      price_cell(row["marketplace_usd_per_hour"], row["marketplace_estimate"]),
+                      "chip" if row["chip_in_training_data"] else "-")
     out = console()
     out.print(table)
     n_est = int((df["price_estimate"] == True).sum()  # noqa: E712 - None for no price
@@ -70,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         f"marketplace hosts{f' ({market})' if market else ''}. ~ marks "
         f"{plural(n_est, 'estimate')} (not read from a live listing); - no price known on that "
         "basis. Sources: --json or specs/gpus.toml. `predictor search --objective cost` ranks "
-        "by the cloud column (--price-basis marketplace for the other)."
+        "by the cloud column (--price-basis marketplace for the other). trained on: 'chip' "
+        "where the op models learned from kernels measured on the GPU's chip; '-' where "
+        "it is predicted from its spec sheet alone (README, 'How accurate')."
         + ("\nAMD: the tf32 column is the datasheet's; PyTorch on ROCm uses no TF32/xf32 for fp32 "
            "convolutions and matmuls by default, so they are predicted at the fp32 matrix rate."
            if (df["vendor"] == "amd").any() else ""), style="dim")
