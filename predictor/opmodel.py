@@ -20,6 +20,8 @@ import numpy as np
 from predictor import dtypes, hardware
 from predictor.errors import InvalidArgumentError, WeightsError
 from predictor.kernels import layout as L
+from predictor.kernels.features import N_GROUPS
+from predictor.kernels.mlp import HEADER, OTHER_CHIPS
 from predictor.kernels.optime import isolated_times_us
 from predictor.kernels.roofline import default_params
 
@@ -110,9 +112,6 @@ def measured_chips(mlp: np.ndarray | None = None) -> frozenset[float]:
     """The chip keys (``hardware.chip_key``) whose own kernels trained the
     weights: those with a per-chip correction of their own in some group.
     Every other GPU is predicted from its spec sheet alone."""
-    from predictor.kernels.features import N_GROUPS
-    from predictor.kernels.mlp import HEADER, OTHER_CHIPS
-
     mlp = weights() if mlp is None else mlp
     if mlp.size == 0:
         return frozenset()

@@ -37,9 +37,7 @@ def date_span(dates) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from predictor import hardware
-
-    from predictor import opmodel
+    from predictor import hardware, opmodel
 
     load_specs(args.spec)
     df = hardware.gpus()
