@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from predictor import hardware
-from predictor.errors import InvalidArgumentError
+from predictor.errors import InvalidArgumentError, UnknownGPUError
 from predictor.kernels import layout as L
 
 BINARY = ("add", "mul", "div", "pow")
@@ -113,12 +113,58 @@ def _check(data: Path) -> Path:
     return data
 
 
-def load_train(data: str | Path, ops=OPS) -> OpSamples:
+def load_train(data: str | Path, ops=OPS, extra=()) -> OpSamples:
+    """The training files of `ops`, and the rows of the measured-kernel files
+    `extra` of those ops (see `load_measured`)."""
     data = _check(data)
     parts = []
     for op in ops:
         for f in sorted((data / "train" / op).glob("*.csv")):
             parts.append(_from_frame(op, pd.read_csv(f)))
+    if extra:
+        more = load_measured(extra)
+        parts.append(more.subset(np.isin([o.split("_backward")[0] for o in more.op], ops)))
+    return OpSamples.concat(parts)
+
+
+MEASURED_COLUMNS = ("OPName", "Pass", "Family", "Latency", "Device",
+                    *(f"d{j}" for j in range(L.MAX_DIMS)))
+
+
+def load_measured(paths) -> OpSamples:
+    """Rows of `python -m benchmarks.measure_kernels` files: each already
+    holds the family and dims the lowering writes (forward and backward
+    kernels alike), so nothing is reinterpreted here. A backward row's op is
+    its source op + "_backward" (e.g. linear_backward: a linear's two
+    gradient GEMMs). A file that is not such a file, or names an unknown
+    family or GPU, is refused with its path."""
+    parts = []
+    for path in paths:
+        path = Path(path)
+        try:
+            df = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise InvalidArgumentError(f"{path}: not readable as a CSV file ({exc})") from exc
+        missing = [c for c in MEASURED_COLUMNS if c not in df]
+        if missing:
+            raise InvalidArgumentError(f"{path}: not a measured-kernel file (no column "
+                                       f"{', '.join(missing)}); see benchmarks/measure_kernels.py")
+        unknown = sorted(set(df["Family"]) - set(L.FAMILY_NAMES))
+        if unknown:
+            raise InvalidArgumentError(f"{path}: unknown op family {', '.join(map(str, unknown))}")
+        try:
+            ids = {name: hardware.get(str(name)).id for name in df["Device"].unique()}
+        except UnknownGPUError as exc:
+            raise InvalidArgumentError(f"{path}: {exc}") from exc
+        lat = pd.to_numeric(df["Latency"], errors="coerce").to_numpy(np.float64)
+        keep = np.isfinite(lat) & (lat > 0)
+        df = df[keep]
+        op = np.where(df["Pass"].to_numpy() == "forward", df["OPName"].astype(str),
+                      df["OPName"].astype(str) + "_backward").astype(object)
+        family = np.array([L.FAMILY_NAMES.index(f) for f in df["Family"]], dtype=np.int64)
+        dims = df[[f"d{j}" for j in range(L.MAX_DIMS)]].to_numpy(np.int64)
+        parts.append(OpSamples(op, family, dims, df["Device"].map(ids).to_numpy(object),
+                               lat[keep]))
     return OpSamples.concat(parts)
 
 

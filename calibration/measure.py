@@ -99,13 +99,22 @@ def builder(*families: int):
 
 @builder(L.MATMUL)
 def _matmul(c: RowContext) -> Runner:
+    """A @ B with the operand layouts the row records (dims[GEMM_LAYOUT]): a
+    transposed operand is a transposed view, as F.linear's W^T and a weight
+    gradient's X^T are, so cuBLAS runs the same `tn` / `nt` kernel."""
     b, m, n, k = c.dims[:4]
+    layout = int(c.dims[L.GEMM_LAYOUT]) if len(c.dims) > L.GEMM_LAYOUT else 0
     dt = c.float_dtype
-    if b <= 1:
-        x, w = c.tensor(m, k, dtype=dt), c.tensor(k, n, dtype=dt)
-        return lambda: torch.mm(x, w)
-    x, w = c.tensor(b, m, k, dtype=dt), c.tensor(b, k, n, dtype=dt)
-    return lambda: torch.bmm(x, w)
+
+    def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
+        batch = () if b <= 1 else (b,)
+        if transposed:
+            return c.tensor(*batch, cols, rows, dtype=dt).transpose(-1, -2)
+        return c.tensor(*batch, rows, cols, dtype=dt)
+
+    x = operand(m, k, bool(layout & L.GEMM_A_T))
+    w = operand(k, n, bool(layout & L.GEMM_B_T))
+    return (lambda: torch.mm(x, w)) if b <= 1 else (lambda: torch.bmm(x, w))
 
 
 def _padding(size_in: int, kernel: int, size_out: int, stride: int) -> int:
@@ -680,8 +689,9 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
 def _measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batch: int,
                  device: torch.device, min_sample_s: float, free_bytes: float,
                  clock: str = "wall", min_warmup_calls: int = 2,
-                 warmup_s: float = 0.02) -> float | str:
-    """One sample (us) of one row, or a short reason why it cannot be measured."""
+                 warmup_s: float = 0.02, samples: int = 1) -> float | str:
+    """The median of `samples` samples (us) of one row, or a short reason why
+    it cannot be measured."""
     family_name = L.FAMILY_NAMES[fam]
     dtype = TORCH_DTYPES.get(code)
     if fam == L.COPY and len(dims) > L.MEM_LAYOUT and dims[L.MEM_LAYOUT] > 0:
@@ -696,8 +706,9 @@ def _measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batc
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             fn = build_runner(ctx)
-            t = sample_runner(fn, device, 1, min_sample_s, warmup_s=warmup_s, clock=clock,
-                              min_warmup_calls=min_warmup_calls)[0]
+            t = statistics.median(sample_runner(fn, device, samples, min_sample_s,
+                                                warmup_s=warmup_s, clock=clock,
+                                                min_warmup_calls=min_warmup_calls))
         del fn
     except Unrunnable as exc:
         return f"{family_name}: {exc}"

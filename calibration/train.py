@@ -371,14 +371,17 @@ def save(path: str | Path, mlp: np.ndarray, meta: dict) -> None:
 
 
 def train_from_data(data: str | Path, out: str | Path, *, seed: int = 0, epochs: int = 60,
-                    progress=None) -> tuple[np.ndarray, dict]:
-    """Train on every training file of the dataset and write the weights."""
-    samples = load_train(data)
+                    progress=None, extra=()) -> tuple[np.ndarray, dict]:
+    """Train on every training file of the dataset, and the measured-kernel
+    files `extra` (``datasets.load_measured``), and write the weights."""
+    samples = load_train(data, extra=extra)
     mlp = train(samples, seed=seed, epochs=epochs, progress=progress, groups=SHIPPED_GROUPS)
     meta = {"format": 1, "seed": seed, "epochs": epochs, "hidden": list(HIDDEN),
             "shipped_groups": [GROUP_NAMES[g] for g in SHIPPED_GROUPS],
             "features": N_FEATURES, "groups": list(GROUP_NAMES),
             "gpus": sorted(set(samples.gpu)), "samples": int(len(samples)),
             "chip_corrections": corrections_by_gpu(mlp, sorted(set(samples.gpu)))}
+    if extra:
+        meta["extra"] = [Path(f).name for f in extra]
     save(Path(out) / WEIGHTS_FILE, mlp, meta)
     return mlp, meta

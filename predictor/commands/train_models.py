@@ -23,6 +23,10 @@ def add_parser(sub) -> None:
                    help="the NeuSight data folder (holds train/ and test/)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="where to write opmodels.npz (default: the package's weights folder)")
+    p.add_argument("--extra", action="append", default=[], metavar="CSV",
+                   help="also train on a measured-kernel file of `python -m "
+                        "benchmarks.measure_kernels` (another GPU's forward and backward "
+                        "kernels); repeatable")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--blend", action="store_true",
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         bar = tqdm(total=args.epochs * len(T.SHIPPED_GROUPS), desc="training", unit="epoch",
                    leave=False)
         mlp, meta = T.train_from_data(args.data, out, seed=args.seed, epochs=args.epochs,
-                                      progress=bar.update)
+                                      progress=bar.update, extra=args.extra)
         bar.close()
         console().print(f"wrote {out / T.WEIGHTS_FILE}: {meta['samples']:,} measured ops on "
                         f"{', '.join(meta['gpus'])}; {mlp.size:,} weights")

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Every GPU check and measurement in one short run on a lent CUDA machine,
+# results under $OUT (default ./gpu-out):
+#   1. per-kernel fp32 times, forward and backward, on the shapes of the
+#      NeuSight training files (benchmarks/measure_kernels.py): another
+#      training GPU, to commit under benchmarks/data/ and train on with
+#      `predictor train-models --extra`;
+#   2. calibrated and pure mode against real training steps
+#      (benchmarks/calibration_gpu.py);
+#   3. the peak-memory model against PyTorch's counters (benchmarks/memory_gpu.py).
+#
+# The machine needs torch with CUDA, numba, numpy, pandas, rich, tqdm and
+# transformers (the project's own dependencies); the project itself is put on
+# PYTHONPATH as it installs, so nothing there is reinstalled. The shapes come
+# from one training GPU's files, which do not travel with the repository:
+# copy them into an ignored folder beside it first and point NEUSIGHT at it:
+#
+#   echo /.neusight/ >> .git/info/exclude
+#   for f in ../shared/data/neusight/train/*/Tesla_V100-PCIE-32GB.csv; do
+#       op=$(basename "$(dirname "$f")"); mkdir -p .neusight/train/$op; cp "$f" .neusight/train/$op/
+#   done
+#   NEUSIGHT=.neusight KERNEL_SECONDS=240 bash benchmarks/gpu_session.sh   # carry .neusight
+#
+# Each step's log is in $OUT; a step that fails does not stop the next.
+# DEVICE=cpu rehearses the whole script, small, on a machine without a GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-out}"
+NEUSIGHT="${NEUSIGHT:-../shared/data/neusight}"
+KERNEL_SECONDS="${KERNEL_SECONDS:-240}"
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+# The project as it installs (pyproject.toml's package-dir: kernels/, specs/ and
+# calibration/ are predictor.kernels, .specs, .calibration), without pip.
+SITE="$(mktemp -d)"
+cp -r predictor "$SITE/predictor"
+for sub in kernels specs calibration; do cp -r "$sub" "$SITE/predictor/$sub"; done
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${DEVICE:-cuda}" = cpu ]; then
+    # A rehearsal of this script on a machine without a GPU: small and quick.
+    kernel_args=(--device cpu --per-op 2); calibration_args=(--device cpu --models tiny)
+else
+    python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
+print(torch.__version__, torch.cuda.get_device_name())" || exit 1
+    kernel_args=(); calibration_args=()
+fi
+
+status=0
+python3 -m benchmarks.measure_kernels --data "$NEUSIGHT" --seconds "$KERNEL_SECONDS" \
+    --out "$OUT/kernels" "${kernel_args[@]}" 2>&1 | tee "$OUT/measure_kernels.log" || status=1
+python3 -m benchmarks.calibration_gpu --json "$OUT/calibration_gpu.json" \
+    "${calibration_args[@]}" 2>&1 | tee "$OUT/calibration_gpu.log" || status=1
+python3 -m benchmarks.memory_gpu 2>&1 | tee "$OUT/memory_gpu.log" || status=1
+exit $status

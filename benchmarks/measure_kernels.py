@@ -1,0 +1,231 @@
+"""Per-kernel fp32 times on the local GPU, forward and backward, on the shapes
+of the NeuSight training files: the measurements of another training GPU.
+
+    python -m benchmarks.measure_kernels --data ../shared/data/neusight --seconds 240
+    python -m benchmarks.measure_kernels --device cpu --per-op 2 --out /tmp/kernels  # smoke test
+
+For each op file of ``train/`` (linear, bmm, conv, softmax, ln and the
+elementwise ops) a seeded sample of one training GPU's shapes (``--shapes-from``)
+is lowered through the op-family registry (``predictor.families``) as a
+training step runs it: the forward, and the backward autograd runs for it (a
+linear's and a bmm's two GEMMs with their operand layouts, conv dgrad and
+wgrad, softmax and layer-norm backward, the elementwise ops' backward
+kernels). Every resulting row is timed on the device by
+``predictor.calibration.measure`` (warm-up, CUDA events, the median of
+``--repeats`` samples), the way ``predictor calibrate`` times a graph's rows.
+
+The time budget (``--seconds``) is shared between the op files by weight
+(GEMMs and convolutions most); an op file's sample is cut short when its share
+is spent, and what is left of it passes to the files after it.
+
+Output: ``<device name>.csv`` in ``--out`` (default ``benchmarks/data``), one
+line per measured row: the source op and its shape columns as the source file
+names them, the pass (forward / backward), the row's family and dims (d0-d11)
+and kernel count as the lowering writes them, the latency (ms, one execution)
+and the device, torch and CUDA versions. It is rewritten atomically after
+every op file, so a run cut off by a timeout keeps what it measured.
+``predictor train-models --extra FILE`` trains on the file's rows beside the
+dataset's (``predictor.calibration.datasets.load_measured``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from predictor.calibration import measure as M
+from predictor.calibration.datasets import BINARY, OPS, UNARY
+from predictor.io import atomic_write_text
+from predictor.kernels import layout as L
+from predictor.opmodel import _record_rows
+
+# Share of the time budget per op file (each elementwise file gets ELEMENTWISE_WEIGHT).
+WEIGHTS = {"linear": 3.0, "bmm": 3.0, "conv": 3.0, "softmax": 1.0, "ln": 1.0}
+ELEMENTWISE_WEIGHT = 0.3
+SHAPE_COLUMNS = {
+    "linear": ("B", "M", "N", "K"), "bmm": ("B", "M", "N", "K"),
+    "conv": ("B", "Input_Channel", "Output_Channel", "Kernel_Szie", "Input_Size", "Stride",
+             "Padding"),
+}
+# The scalar of the tensor-with-scalar ops (addu, mulu, divu, powu).
+SCALAR = 2.0
+
+
+def step(op: str, shape: dict, device: torch.device):
+    """(forward callable, its inputs) of one source row on `device`, the
+    tensors requiring grad, laid out as the data's README and launch records say."""
+    def t(*s):
+        return torch.randn(*s, device=device, requires_grad=True)
+
+    if op in ("linear", "bmm"):
+        b, m, n, k = (int(shape[c]) for c in SHAPE_COLUMNS[op])
+        if op == "linear":  # x[B*M, N] @ W[K, N]^T
+            x, w = t(b * m, n), t(k, n)
+            return (lambda: F.linear(x, w)), (x, w)
+        a, bb = t(b, m, n), t(b, n, k)  # a[B, M, N] @ b[B, N, K]
+        return (lambda: torch.bmm(a, bb)), (a, bb)
+    if op == "conv":
+        b, c, k, r, h, st, pad = (int(shape[c]) for c in SHAPE_COLUMNS[op])
+        x, w = t(b, c, h, h), t(k, c, r, r)
+        return (lambda: F.conv2d(x, w, None, st, pad)), (x, w)
+    b, h = int(shape["B"]), int(shape["H"])
+    x = t(b, h)
+    if op == "softmax":
+        return (lambda: torch.softmax(x, -1)), (x,)
+    if op == "ln":
+        g, beta = t(h), t(h)
+        return (lambda: F.layer_norm(x, (h,), g, beta)), (x, g, beta)
+    if op in BINARY:
+        y = t(b, h)
+        fn = {"add": torch.add, "mul": torch.mul, "div": torch.div, "pow": torch.pow}[op]
+        return (lambda: fn(x, y)), (x, y)
+    if op in ("addu", "mulu", "divu", "powu"):
+        fn = {"addu": torch.add, "mulu": torch.mul, "divu": torch.div, "powu": torch.pow}[op]
+        return (lambda: fn(x, SCALAR)), (x,)
+    fn = {"relu": torch.relu, "tanh": torch.tanh, "gelu": F.gelu}[op]
+    return (lambda: fn(x)), (x,)
+
+
+def lowered_rows(op: str, shape: dict) -> list[tuple[str, int, tuple, int]]:
+    """(pass, family, dims, kernels) of every kernel row a training step runs
+    for one source row: recorded on meta tensors, lowered by the registry."""
+    fwd, inputs = step(op, shape, torch.device("meta"))
+    out = [("forward", *r) for r in _record_rows(fwd)]
+    y = fwd()
+    grad = torch.empty_like(y)
+    out += [("backward", *r) for r in _record_rows(
+        lambda: torch.autograd.grad(y, inputs, grad, allow_unused=True))]
+    seen, rows = set(), []
+    for p, fam, dims, kernels in out:
+        key = (p, int(fam), tuple(int(d) for d in dims), int(kernels))
+        if key not in seen:
+            seen.add(key)
+            rows.append(key)
+    return rows
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from predictor.calibration.device import cpu_name
+
+    return cpu_name()
+
+
+def source_shapes(data: Path, op: str, shapes_from: str, per_op: int, seed: int,
+                  max_elements: float) -> pd.DataFrame:
+    """A seeded sample of one training GPU's shapes for `op` (at most
+    `per_op`, none with a tensor of more than `max_elements` elements)."""
+    df = pd.read_csv(data / "train" / op / f"{shapes_from}.csv")
+    cols = list(SHAPE_COLUMNS.get(op, ("B", "H")))
+    df = df[cols].drop_duplicates().reset_index(drop=True)
+    if op in ("linear", "bmm"):
+        big = np.maximum.reduce([df.B * df.M * df.N, df.B * df.N * df.K, df.B * df.M * df.K])
+    elif op == "conv":
+        big = np.maximum(df.B * df.Input_Channel, df.B * df.Output_Channel) * df.Input_Size ** 2
+    else:
+        big = df.B * df.H
+    df = df[big <= max_elements]
+    return df.sample(n=min(per_op, len(df)), random_state=seed).reset_index(drop=True)
+
+
+def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, seed: int,
+            repeats: int, shapes_from: str, ops=OPS, max_elements: float = float("inf"),
+            write=None, log=print) -> pd.DataFrame:
+    """Time every lowered row of the sampled shapes; `write(df)` after each op file."""
+    name = device_name(device)
+    free = M.device_memory_bytes(device)
+    weights = {op: WEIGHTS.get(op, ELEMENTWISE_WEIGHT) for op in ops}
+    start = time.perf_counter()
+    records: list[dict] = []
+    skipped: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        left = seconds - (time.perf_counter() - start)
+        share = left * weights[op] / sum(weights[o] for o in ops[i:])
+        until = time.perf_counter() + share
+        shapes = source_shapes(data, op, shapes_from, per_op, seed, max_elements)
+        done = 0
+        for shape in shapes.to_dict(orient="records"):
+            if time.perf_counter() > until:
+                break
+            for p, fam, dims, kernels in lowered_rows(op, shape):
+                got = M._measure_row(fam, L.F32, kernels, dims, f"{op}.{p}", 1, device,
+                                     2e-3, free, samples=repeats)
+                if isinstance(got, str):
+                    skipped[got] = skipped.get(got, 0) + 1
+                    continue
+                d = list(dims) + [0] * (L.MAX_DIMS - len(dims))
+                records.append({"OPName": op, **shape, "Pass": p, "Family": L.FAMILY_NAMES[fam],
+                                **{f"d{j}": d[j] for j in range(L.MAX_DIMS)},
+                                "Kernels": kernels, "Latency": got / 1e3, "Device": name,
+                                "Torch Version": torch.__version__,
+                                "CUDA Version": torch.version.cuda or ""})
+            done += 1
+        log(f"  {op:<8} {done:4d} of {len(shapes)} shapes in {share:6.1f} s budget")
+        if write is not None:
+            write(pd.DataFrame.from_records(records))
+    for reason, n in sorted(skipped.items()):
+        log(f"  not measured: {n} x {reason}")
+    return pd.DataFrame.from_records(records)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="../shared/data/neusight", type=Path,
+                    help="the NeuSight data folder (its train/ files give the shapes)")
+    ap.add_argument("--device", default="cuda", help="torch device (default cuda)")
+    ap.add_argument("--seconds", type=float, default=240.0, help="time budget (default 240)")
+    ap.add_argument("--per-op", type=int, default=600, help="shapes per op file at most")
+    ap.add_argument("--repeats", type=int, default=3, help="samples per row (median)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shapes-from", default="Tesla_V100-PCIE-32GB",
+                    help="the training GPU whose files give the shapes")
+    ap.add_argument("--ops", default=",".join(OPS), help="op files, comma-separated")
+    ap.add_argument("--out", default="benchmarks/data", type=Path, help="output folder")
+    args = ap.parse_args(argv)
+    ops = tuple(o for o in args.ops.split(",") if o)
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        ap.error(f"unknown op file(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
+    if not (args.data / "train").is_dir():
+        ap.error(f"{args.data}: not a NeuSight data folder (expected train/ inside)")
+    try:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("CUDA is not available on this machine")
+    except RuntimeError as exc:
+        ap.error(f"device {args.device!r}: {exc}")
+    # A CPU smoke run keeps to small tensors.
+    max_elements = float("inf") if device.type == "cuda" else 2e5
+    path = args.out / (device_name(device).replace(" ", "_").replace("/", "_") + ".csv")
+
+    def write(df: pd.DataFrame) -> None:
+        df = df.copy()
+        for col in {c for cols in SHAPE_COLUMNS.values() for c in cols} | {"H"}:
+            if col in df:  # whole numbers, blank where the op has no such column
+                df[col] = df[col].astype("Int64")
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, df.to_csv(index=False))
+
+    print(f"timing {', '.join(ops)} on {device_name(device)} for {args.seconds:g} s",
+          file=sys.stderr)
+    df = measure(args.data, device, seconds=args.seconds, per_op=args.per_op, seed=args.seed,
+                 repeats=args.repeats, shapes_from=args.shapes_from, ops=ops,
+                 max_elements=max_elements, write=write,
+                 log=lambda s: print(s, file=sys.stderr))
+    write(df)
+    by = df.groupby(["Family", "Pass"]).size() if len(df) else pd.Series(dtype=int)
+    print(f"wrote {path}: {len(df)} rows" + "".join(f"\n  {f} {p}: {n}" for (f, p), n in by.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

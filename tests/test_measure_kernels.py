@@ -1,0 +1,153 @@
+"""The per-kernel measurement script for another training GPU
+(benchmarks/measure_kernels.py) and the loader that trains on its files
+(predictor.calibration.datasets.load_measured): runs on the CPU, no data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from benchmarks import measure_kernels as K
+from predictor.calibration import datasets as D
+from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
+
+
+def _families(rows, which):
+    return [L.FAMILY_NAMES[f] for p, f, _, _ in rows if p == which]
+
+
+def test_a_training_step_is_lowered_forward_and_backward():
+    rows = K.lowered_rows("linear", {"B": 2, "M": 8, "N": 16, "K": 4})
+    # x[B*M, N] @ W[K, N]^T, then dX = dY @ W and dW = dY^T @ X.
+    fwd = [d for p, f, d, _ in rows if p == "forward"]
+    assert fwd == [(1, 16, 4, 16, L.GEMM_B_T)]
+    bwd = sorted(d for p, f, d, _ in rows if p == "backward")
+    assert bwd == sorted([(1, 16, 16, 4, 0), (1, 4, 16, 16, L.GEMM_A_T)])
+    conv = K.lowered_rows("conv", {"B": 2, "Input_Channel": 3, "Output_Channel": 8,
+                                   "Kernel_Szie": 3, "Input_Size": 16, "Stride": 1, "Padding": 1})
+    assert _families(conv, "forward") == ["conv"]
+    assert sorted(_families(conv, "backward")) == ["conv_dgrad", "conv_wgrad"]
+    ln = K.lowered_rows("ln", {"B": 4, "H": 64})
+    assert _families(ln, "forward") == ["layer_norm"]
+    assert _families(ln, "backward") == ["layer_norm_bwd"]
+    sm = K.lowered_rows("softmax", {"B": 4, "H": 64})
+    assert _families(sm, "backward") == ["softmax_bwd"]
+
+
+def _tiny_dataset(root, gpu="Tesla T4"):
+    """A train/ folder of one GPU's few shapes per op, in the dataset's columns."""
+    rng = np.random.default_rng(0)
+    for op in D.OPS:
+        cols = K.SHAPE_COLUMNS.get(op, ("B", "H"))
+        n = 3
+        if op == "conv":
+            shape = {"B": [1, 2, 2], "Input_Channel": [3, 4, 8], "Output_Channel": [4, 8, 8],
+                     "Kernel_Szie": [3, 1, 3], "Input_Size": [8, 16, 12], "Stride": [1, 2, 1],
+                     "Padding": [1, 0, 1]}
+        else:
+            shape = {c: rng.integers(2, 40, n) for c in cols}
+        df = pd.DataFrame({"OPName": op, "Latency": 0.01, "Device": gpu, **shape})
+        (root / "train" / op).mkdir(parents=True)
+        df.to_csv(root / "train" / op / f"{gpu.replace(' ', '_')}.csv", index=False)
+    return root
+
+
+def test_measure_on_the_cpu_and_train_on_the_file(tmp_path):
+    data = _tiny_dataset(tmp_path / "data")
+    written = []
+    df = K.measure(data, torch.device("cpu"), seconds=30, per_op=2, seed=0, repeats=1,
+                   shapes_from="Tesla_T4", write=written.append, log=lambda s: None)
+    assert len(written) == len(D.OPS)  # rewritten after every op file
+    assert set(df["Pass"]) == {"forward", "backward"}
+    assert (df["Latency"] > 0).all() and np.isfinite(df["Latency"]).all()
+    assert {"matmul", "conv_dgrad", "conv_wgrad", "softmax_bwd", "layer_norm_bwd"} \
+        <= set(df["Family"])
+    # As if measured on a GPU of the database: the loader trains on its rows.
+    path = tmp_path / "NVIDIA_H200.csv"
+    df.assign(Device="NVIDIA H200").to_csv(path, index=False)
+    s = D.load_measured([path])
+    assert len(s) == len(df) and set(s.gpu) == {"H200-SXM-141GB"}
+    assert "linear_backward" in set(s.op) and "linear" in set(s.op)
+    row = df.index[(df["OPName"] == "linear") & (df["Pass"] == "forward")][0]
+    assert s.family[row] == L.MATMUL and s.dims[row, L.GEMM_LAYOUT] == L.GEMM_B_T
+    both = D.load_train(data, extra=[path])
+    assert set(both.gpu) == {"T4", "H200-SXM-141GB"}
+    assert len(both) == len(D.load_train(data)) + len(df)
+    only = D.load_train(data, ops=("softmax",), extra=[path])
+    assert set(only.op) == {"softmax", "softmax_backward"}
+    # predictor train-models --extra trains on them and says so in the weights.
+    from predictor import cli, opmodel
+
+    assert cli.main(["train-models", "--data", str(data), "--extra", str(path),
+                     "--out", str(tmp_path / "w"), "--epochs", "1"]) == 0
+    _, meta = opmodel.read_weights(tmp_path / "w" / "opmodels.npz")
+    assert meta["extra"] == ["NVIDIA_H200.csv"] and "H200-SXM-141GB" in meta["gpus"]
+
+
+def test_bad_measured_files_name_the_file(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(InvalidArgumentError, match="bad.csv: not a measured-kernel file"):
+        D.load_measured([bad])
+    cols = {c: [0] for c in D.MEASURED_COLUMNS}
+    pd.DataFrame({**cols, "Family": ["matmul"], "Device": ["Imaginary GPU 9000"],
+                  "Latency": [0.1]}).to_csv(bad, index=False)
+    with pytest.raises(InvalidArgumentError, match="bad.csv: unknown GPU"):
+        D.load_measured([bad])
+    pd.DataFrame({**cols, "Family": ["teleport"], "Device": ["Tesla T4"],
+                  "Latency": [0.1]}).to_csv(bad, index=False)
+    with pytest.raises(InvalidArgumentError, match="bad.csv: unknown op family teleport"):
+        D.load_measured([bad])
+    with pytest.raises(InvalidArgumentError, match="missing.csv: not readable"):
+        D.load_measured([tmp_path / "missing.csv"])
+
+
+def test_the_script_refuses_a_missing_device_or_data_in_one_line(tmp_path, capsys):
+    data = _tiny_dataset(tmp_path / "data")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            K.main(["--data", str(data), "--device", "cuda"])
+        assert "CUDA is not available" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        K.main(["--data", str(tmp_path / "nowhere"), "--device", "cpu"])
+    assert "not a NeuSight data folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        K.main(["--data", str(data), "--device", "cpu", "--ops", "linear,teleport"])
+    assert "unknown op file(s) teleport" in capsys.readouterr().err
+    assert K.main(["--data", str(data), "--device", "cpu", "--ops", "softmax", "--per-op", "1",
+                   "--seconds", "5", "--shapes-from", "Tesla_T4", "--out", str(tmp_path)]) == 0
+    out = list(tmp_path.glob("*.csv"))
+    assert len(out) == 1 and set(pd.read_csv(out[0])["Family"]) == {"softmax", "softmax_bwd"}
+
+
+def test_the_gpu_session_script_rehearses_on_the_cpu(tmp_path):
+    """benchmarks/gpu_session.sh, the one run a lent GPU gets, end to end with
+    DEVICE=cpu: every step runs and leaves its output, so the GPU's minutes
+    are not spent finding a broken script."""
+    data = _tiny_dataset(tmp_path / "data", gpu="Tesla V100-PCIE-32GB")
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    # The interpreter running the tests is the one the script's python3 must be.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shim = bindir / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "DEVICE": "cpu", "NEUSIGHT": str(data), "OUT": str(out),
+           "KERNEL_SECONDS": "5", "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "gpu_session.sh")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    kernels = list((out / "kernels").glob("*.csv"))
+    assert len(kernels) == 1 and len(pd.read_csv(kernels[0])) > 0
+    for log in ("measure_kernels.log", "calibration_gpu.log", "memory_gpu.log"):
+        assert (out / log).stat().st_size > 0, log
+    assert (out / "calibration_gpu.json").exists()
