@@ -826,6 +826,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave-one-GPU-out: predict each GPU's labels with op models "
                         "trained without that GPU (nor another board of the same chip); trains "
                         "one set per GPU, ~2 min each")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="with --logo: the op models' training seed (default 0, the shipped "
+                    "recipe's)")
     args = ap.parse_args(argv)
     log = functools.partial(print, file=sys.stderr, flush=True)
     if args.sanity:
@@ -844,7 +847,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     log(f"{len(labels)} labels")
-    weights_for = logo_weights(args.data, labels, log) if args.logo else None
+    if args.seed and not args.logo:
+        ap.error("--seed applies to --logo only (the shipped weights are seed 0; for other "
+                 "seeds' weights: predictor train-models --seed N --out DIR, then --weights)")
+    weights_for = logo_weights(args.data, labels, log, seed=args.seed) if args.logo else None
     if args.weights is not None:
         from predictor.opmodel import read_weights
 
@@ -872,11 +878,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if args.check and not targets_met(summary) else 0
 
 
-def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None):
-    """Op-model weights per label GPU, each trained (seed 0, the shipped
-    recipe) on the per-kernel files of the other GPUs. Boards of the same chip
-    (same architecture and SM count: A100-PCIE-40GB and -80GB) leave together.
-    `train_fn` replaces ``T.train`` (same signature)."""
+def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None, seed: int = 0):
+    """Op-model weights per label GPU, each trained (the shipped recipe, seed
+    0 unless `seed` says otherwise) on the per-kernel files of the other GPUs.
+    Boards of the same chip (same architecture and SM count: A100-PCIE-40GB
+    and -80GB) leave together. `train_fn` replaces ``T.train`` (same signature)."""
     from predictor import hardware
     from predictor.calibration import datasets as D
     from predictor.calibration import train as T
@@ -893,8 +899,8 @@ def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None):
     for gpu_id in sorted({hardware.get(lab.gpu_name).id for lab in labels}):
         keep = [g for g in trained if chip(g) != chip(gpu_id)]
         t0 = time.perf_counter()
-        out[gpu_id] = (train_fn or T.train)(samples.subset(np.isin(samples.gpu, keep)), seed=0,
-                                            epochs=60, groups=T.SHIPPED_GROUPS)
+        out[gpu_id] = (train_fn or T.train)(samples.subset(np.isin(samples.gpu, keep)),
+                                            seed=seed, epochs=60, groups=T.SHIPPED_GROUPS)
         log(f"  op models without {gpu_id} (trained on {', '.join(keep)}): "
             f"{time.perf_counter() - t0:.0f} s")
     return out.__getitem__

@@ -45,7 +45,7 @@ from predictor.calibration import measure as M
 from predictor.calibration.datasets import BINARY, OPS, UNARY
 from predictor.io import atomic_write_text
 from predictor.kernels import layout as L
-from predictor.opmodel import _record_rows
+from predictor.opmodel import record_rows
 
 # Share of the time budget per op file (each elementwise file gets ELEMENTWISE_WEIGHT).
 WEIGHTS = {"linear": 3.0, "bmm": 3.0, "conv": 3.0, "softmax": 1.0, "ln": 1.0}
@@ -98,10 +98,10 @@ def lowered_rows(op: str, shape: dict) -> list[tuple[str, int, tuple, int]]:
     """(pass, family, dims, kernels) of every kernel row a training step runs
     for one source row: recorded on meta tensors, lowered by the registry."""
     fwd, inputs = step(op, shape, torch.device("meta"))
-    out = [("forward", *r) for r in _record_rows(fwd)]
+    out = [("forward", *r) for r in record_rows(fwd)]
     y = fwd()
     grad = torch.empty_like(y)
-    out += [("backward", *r) for r in _record_rows(
+    out += [("backward", *r) for r in record_rows(
         lambda: torch.autograd.grad(y, inputs, grad, allow_unused=True))]
     seen, rows = set(), []
     for p, fam, dims, kernels in out:
@@ -157,7 +157,7 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
             if time.perf_counter() > until:
                 break
             for p, fam, dims, kernels in lowered_rows(op, shape):
-                got = M._measure_row(fam, L.F32, kernels, dims, f"{op}.{p}", 1, device,
+                got = M.measure_row(fam, L.F32, kernels, dims, f"{op}.{p}", 1, device,
                                      2e-3, free, samples=repeats)
                 if isinstance(got, str):
                     skipped[got] = skipped.get(got, 0) + 1

@@ -663,7 +663,7 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
                 if key not in failed:
                     # The first pass warms each row fully (plan caches, allocator);
                     # later passes rebuild it and need one call to be warm again.
-                    got = _measure_row(*key[:4], key[4], batch, device, min_sample_s, free, clock,
+                    got = measure_row(*key[:4], key[4], batch, device, min_sample_s, free, clock,
                                        min_warmup_calls=2 if p == 0 else 1,
                                        warmup_s=0.02 if p == 0 else 0.0)
                     if isinstance(got, str):
@@ -686,7 +686,7 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
     return RowTimes(us, skipped)
 
 
-def _measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batch: int,
+def measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batch: int,
                  device: torch.device, min_sample_s: float, free_bytes: float,
                  clock: str = "wall", min_warmup_calls: int = 2,
                  warmup_s: float = 0.02, samples: int = 1) -> float | str:

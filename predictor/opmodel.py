@@ -183,8 +183,10 @@ def _op_call(op: str, tensors: list, attrs: dict):
     return lambda: fn(*tensors)
 
 
-def _record_rows(call) -> list:
-    """Run `call` under a dispatch mode and lower every aten call it makes."""
+def record_rows(call) -> list:
+    """Run `call` under a dispatch mode and lower every aten call it makes:
+    the (family, dims, kernels) rows the op-family registry gives them, as a
+    traced graph would hold them (views and other free calls dropped)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -248,7 +250,7 @@ def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = 
         raise InvalidArgumentError(f"bad shapes {shapes!r}: {exc}") from exc
     call = _op_call(op, tensors, dict(attrs))
     try:
-        rows = _record_rows(call)
+        rows = record_rows(call)
     except RuntimeError as exc:
         raise InvalidArgumentError(f"{op} does not accept shapes {list(shapes)}: "
                                    f"{str(exc).splitlines()[0]}") from exc
