@@ -129,15 +129,21 @@ def model_features(s: D.OpSamples, drop=(), add=()):
 
 
 def forward(m: T.GroupModel, x: np.ndarray, ideal: np.ndarray) -> np.ndarray:
-    """A fitted group's isolated-op time (us), in numpy (any feature width)."""
+    """A fitted group's isolated-op time (us), in numpy (any feature width;
+    either output head of ``train.fit_group``)."""
     z = (x - m.mean) / m.std
     (w1, b1), (w2, b2), (w3, b3) = m.layers
     h = np.tanh(np.tanh(z @ w1.T + b1) @ w2.T + b2)
+    if np.ndim(w3) == 2:  # head "waves": eta_max * sigmoid(z0) * (1 - sigmoid(z1) / waves)
+        out = h @ w3.T + b3
+        waves = np.maximum(np.exp2(x[:, 5]), 1.0)
+        eta = (1.0 / (1.0 + np.exp(-out[:, 0]))) * (1.0 - 1.0 / (1.0 + np.exp(-out[:, 1])) / waves)
+        return m.floor_us + ideal / (m.eta_max * eta)
     return m.floor_us + ideal / (m.eta_max / (1.0 + np.exp(-(h @ w3 + b3))))
 
 
 def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: int = 60,
-             log=print) -> dict[str, dict[str, float]]:
+             log=print, head: str = "sigmoid") -> dict[str, dict[str, float]]:
     train = D.load_train(data)
     tiles_bench.DATA[0] = Path(data)
     out = {}
@@ -161,7 +167,7 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
         t0 = time.perf_counter()
         model = T.fit_group(group, x[mask], ideal[mask], t[mask], x_more=xm[mask],
                             ideal_more=im[mask], probes=probes, seed=seed + group,
-                            epochs=epochs)
+                            epochs=epochs, head=head)
         err = np.abs(forward(model, xe[em], ie[em]) - te[em]) / te[em] * 100.0
         fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
@@ -179,6 +185,9 @@ def main(argv=None) -> int:
                     ", ".join([*CANDIDATES, *FROM_FEATURES]))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--head", choices=("sigmoid", "waves"), default="sigmoid",
+                    help="the networks' output: the shipped eta_max * sigmoid, or NeuSight's "
+                    "shape eta_max * sigmoid(z0) * (1 - sigmoid(z1) / waves)")
     args = ap.parse_args(argv)
     drop = [int(c) for c in args.drop.split(",") if c]
     add = [a for a in args.add.split(",") if a]
@@ -187,10 +196,10 @@ def main(argv=None) -> int:
             ap.error(f"unknown candidate {a!r}; choose from "
                      f"{', '.join([*CANDIDATES, *FROM_FEATURES])}")
     res = validate(Path(args.data), features.GROUP_NAMES.index(args.group), drop=drop, add=add,
-                   seed=args.seed, epochs=args.epochs)
+                   seed=args.seed, epochs=args.epochs, head=args.head)
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
-    print(f"{args.group} drop={drop or '-'} add={add or '-'} seed={args.seed}: "
+    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} seed={args.seed}: "
           "mean over held-out GPUs except P4: " +
           "  ".join(f"{k} {v:.1f}" for k, v in mean.items()))
     if "P4" in res:

@@ -137,13 +137,18 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
               x_more: np.ndarray | None = None, ideal_more: np.ndarray | None = None,
               probes: tuple | None = None,
               seed: int = 0, epochs: int = 60, hidden=HIDDEN, batch: int = 2048,
-              progress=None) -> GroupModel:
+              progress=None, head: str = "sigmoid") -> GroupModel:
     """Fit one group's network and floor by minimising squared log error.
 
     `x_more`, `ideal_more`: the same samples with twice the work (see
     `doubled`); predictions for them must not be faster. `probes`: (x, ideal,
     x_more, ideal_more) of unmeasured ops, one per sample, under the same
-    doubled-work penalty (see `gemm_probes`)."""
+    doubled-work penalty (see `gemm_probes`).
+
+    `head`: "sigmoid", the shipped output, eta = eta_max * sigmoid(z); or
+    "waves" (benchmarks.feature_selection only: not packable), NeuSight's
+    shape of a utilisation that one wave's start-up lowers, eta = eta_max *
+    sigmoid(z0) * (1 - sigmoid(z1) / waves), waves from feature 5 (log2)."""
     import torch
 
     # One thread: these networks are too small for intra-op parallelism to pay,
@@ -174,7 +179,9 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
                                          dtype=torch.float32) for v in probes)
     h1, h2 = hidden
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], h1), torch.nn.Tanh(),
-                              torch.nn.Linear(h1, h2), torch.nn.Tanh(), torch.nn.Linear(h2, 1))
+                              torch.nn.Linear(h1, h2), torch.nn.Tanh(),
+                              torch.nn.Linear(h2, 2 if head == "waves" else 1))
+    log_waves_mean, log_waves_std = float(mean[5]), float(std[5])
     floor_raw = torch.nn.Parameter(torch.tensor(float(np.log(np.expm1(
         max(np.percentile(target_us, 1) * 0.8, 1.0))))))
     opt = torch.optim.Adam(list(net.parameters()) + [floor_raw], lr=3e-3)
@@ -184,7 +191,12 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
 
     def predicted(xs, ideal_s, floor):
         """The model's time (us) of ops with normalised features `xs`."""
-        return floor + ideal_s / (eta_max * torch.sigmoid(net(xs).squeeze(-1)))
+        z = net(xs)
+        if head == "waves":
+            waves = torch.exp2(xs[:, 5] * log_waves_std + log_waves_mean)
+            eta = torch.sigmoid(z[:, 0]) * (1.0 - torch.sigmoid(z[:, 1]) / torch.clamp(waves, 1.0))
+            return floor + ideal_s / (eta_max * eta)
+        return floor + ideal_s / (eta_max * torch.sigmoid(z.squeeze(-1)))
 
     def not_above(t, limit):
         """Penalty on `t` exceeding `limit` (the monotonicity constraints)."""
@@ -219,7 +231,8 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     layers = [(lin[0].weight.detach().double().numpy(), lin[0].bias.detach().double().numpy()),
               (lin[1].weight.detach().double().numpy(), lin[1].bias.detach().double().numpy()),
               (lin[2].weight.detach().double().numpy().ravel(),
-               float(lin[2].bias.detach().double().numpy()[0]))]
+               float(lin[2].bias.detach().double().numpy()[0]))] if head != "waves" else \
+        [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in lin]
     floor = float(torch.nn.functional.softplus(floor_raw).detach())
     return GroupModel(group, mean, std, layers, floor, eta_max)
 

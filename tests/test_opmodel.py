@@ -487,3 +487,27 @@ def test_the_accuracy_harness_reuses_the_shipped_weights_for_their_own_recipe(da
     assert shipped_weights(0, 60, train) is opmodel.shipped()[0]
     assert shipped_weights(1, 60, train) is None
     assert shipped_weights(0, 30, train) is None
+
+
+def test_fit_group_with_the_waves_head_fits_one_wave_start_up():
+    """The harness-only output head of train.fit_group (NeuSight's shape of a
+    utilisation, eta_max * sigmoid(z0) * (1 - sigmoid(z1) / waves)) trains and
+    is read back by benchmarks.feature_selection.forward: on ops whose
+    utilisation really is 0.8 * (1 - 0.5 / waves) it comes within 5 %."""
+    from benchmarks import feature_selection as FS
+    from predictor.calibration import train as T
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    x = rng.normal(size=(n, 22))
+    ideal = np.exp2(rng.uniform(0.0, 8.0, n))
+    # Features 0-2 as row_features writes them for a compute-bound op (the
+    # training penalties read the compute and memory times from 0 and 1).
+    x[:, 0], x[:, 1], x[:, 2] = np.log2(ideal), np.log2(ideal) - 3.0, 0.0
+    x[:, 5] = rng.uniform(0.0, 6.0, n)  # log2 waves
+    eta = 0.8 * (1.0 - 0.5 / np.exp2(x[:, 5]))
+    target = 5.0 + ideal / eta
+    m = T.fit_group(0, x, ideal, target, seed=0, epochs=100, head="waves")
+    pred = FS.forward(m, x, ideal)
+    assert np.isfinite(pred).all() and (pred > 0).all()
+    assert np.median(np.abs(pred / target - 1.0)) < 0.05
