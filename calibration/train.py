@@ -151,6 +151,8 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     sigmoid(z0) * (1 - sigmoid(z1) / waves), waves from feature 5 (log2)."""
     import torch
 
+    if head not in ("sigmoid", "waves"):
+        raise ValueError(f"unknown output head {head!r}; choose sigmoid or waves")
     # One thread: these networks are too small for intra-op parallelism to pay,
     # and on a busy machine OpenMP's spinning threads slow training a hundredfold.
     torch.set_num_threads(1)

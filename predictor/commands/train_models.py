@@ -6,6 +6,7 @@ trained leave-one-GPU-out, 5-6 minutes; ``predictor.calibration.blend``)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from predictor.commands.common import console
@@ -46,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(opmodel.__file__).resolve().parent / "weights"
     if not args.blend_only:
+        # A bar on a terminal only: a log or a pipe gets the one line at the end.
         bar = tqdm(total=args.epochs * len(T.SHIPPED_GROUPS), desc="training", unit="epoch",
-                   leave=False)
+                   leave=False, disable=not sys.stderr.isatty())
         mlp, meta = T.train_from_data(args.data, out, seed=args.seed, epochs=args.epochs,
                                       progress=bar.update, extra=args.extra)
         bar.close()
