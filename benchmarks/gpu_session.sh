@@ -21,6 +21,9 @@
 #   done
 #   NEUSIGHT=.neusight KERNEL_SECONDS=240 bash benchmarks/gpu_session.sh   # carry .neusight
 #
+# Expected wall time on one GPU: KERNEL_SECONDS plus a few minutes for the
+# two checks and the kernels' first compilation (not yet measured on a GPU:
+# give the run KERNEL_SECONDS + 300 s and read the logs under $OUT).
 # Each step's log is in $OUT; a step that fails does not stop the next.
 # DEVICE=cpu rehearses the whole script, small, on a machine without a GPU.
 set -uo pipefail
