@@ -152,10 +152,11 @@ def summary(res: pd.DataFrame, weights: dict[str, float]) -> pd.DataFrame:
 
 
 def fit(data: str | Path, *, seed: int = 0, epochs: int = 60, cache: Path | None = None,
-        log=None) -> tuple[dict[str, float], pd.DataFrame]:
+        log=None, extra=()) -> tuple[dict[str, float], pd.DataFrame]:
     """(w per group, the pair residuals they were fitted on) from the training
-    files of a NeuSight data folder."""
-    samples = load_train(data)
+    files of a NeuSight data folder and the measured-kernel files `extra`
+    (``datasets.load_measured``: another GPU, paired on the shapes it shares)."""
+    samples = load_train(data, extra=extra)
     res = residuals(samples, seed=seed, epochs=epochs, cache=cache, log=log)
     return fit_weights(res), res
 
@@ -171,13 +172,15 @@ def save(path: str | Path, weights: dict[str, float], meta: dict) -> None:
 
 
 def fit_and_save(data: str | Path, out: str | Path, *, seed: int = 0, epochs: int = 60,
-                 cache: Path | None = None, log=None) -> tuple[dict[str, float], dict]:
-    """Fit the blend on `data` and write ``out/calibration_blend.json``."""
-    weights, res = fit(data, seed=seed, epochs=epochs, cache=cache, log=log)
+                 cache: Path | None = None, log=None, extra=()) -> tuple[dict[str, float], dict]:
+    """Fit the blend on `data` (and `extra`) and write ``out/calibration_blend.json``."""
+    weights, res = fit(data, seed=seed, epochs=epochs, cache=cache, log=log, extra=extra)
     pairs = sorted({f"{o} -> {t}" for o, t in zip(res["origin"], res["target"])})
     meta = {"command": "predictor train-models --data ../shared/data/neusight --blend-only",
             "seed": seed, "epochs": epochs, "pairs": pairs,
             "shapes": {str(g): int(n) for g, n in res.groupby("group").size().items() if g},
             "gpus": sorted(set(res["origin"]))}
+    if extra:
+        meta["extra"] = [Path(f).name for f in extra]
     save(Path(out) / BLEND_FILE, weights, meta)
     return weights, meta

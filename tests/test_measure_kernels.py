@@ -87,9 +87,14 @@ def test_measure_on_the_cpu_and_train_on_the_file(tmp_path):
     from predictor import cli, opmodel
 
     assert cli.main(["train-models", "--data", str(data), "--extra", str(path),
-                     "--out", str(tmp_path / "w"), "--epochs", "1"]) == 0
+                     "--out", str(tmp_path / "w"), "--epochs", "1", "--blend"]) == 0
     _, meta = opmodel.read_weights(tmp_path / "w" / "opmodels.npz")
     assert meta["extra"] == ["NVIDIA_H200.csv"] and "H200-SXM-141GB" in meta["gpus"]
+    import json
+
+    blend = json.loads((tmp_path / "w" / "calibration_blend.json").read_text())
+    assert blend["extra"] == ["NVIDIA_H200.csv"]
+    assert set(blend["gpus"]) == {"H200-SXM-141GB", "T4"}  # paired on the shapes they share
 
 
 def test_bad_measured_files_name_the_file(tmp_path):

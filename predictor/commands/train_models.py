@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
         cache = Path(args.models_cache) if args.models_cache else None
         w, meta = B.fit_and_save(args.data, out, seed=args.seed, epochs=args.epochs, cache=cache,
-                                 log=console().print)
+                                 log=console().print, extra=args.extra)
         console().print(f"wrote {out / B.BLEND_FILE}: w " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(w.items())) + f" ({len(meta['pairs'])} GPU pairs)")
     return 0
