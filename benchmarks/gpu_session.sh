@@ -13,9 +13,8 @@
 # transformers (the project's own dependencies); the project itself is put on
 # PYTHONPATH as it installs, so nothing there is reinstalled. The shapes come
 # from one training GPU's files, which do not travel with the repository:
-# copy them into an ignored folder beside it first and point NEUSIGHT at it:
+# copy them into the ignored folder .neusight/ first and point NEUSIGHT at it:
 #
-#   echo /.neusight/ >> .git/info/exclude
 #   for f in ../shared/data/neusight/train/*/Tesla_V100-PCIE-32GB.csv; do
 #       op=$(basename "$(dirname "$f")"); mkdir -p .neusight/train/$op; cp "$f" .neusight/train/$op/
 #   done
