@@ -31,7 +31,6 @@ dataset's (``predictor.calibration.datasets.load_measured``).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from predictor.calibration import measure as M
-from predictor.calibration.datasets import BINARY, OPS, UNARY
+from predictor.calibration.datasets import BINARY, OPS
 from predictor.io import atomic_write_text
 from predictor.kernels import layout as L
 from predictor.opmodel import record_rows
@@ -158,7 +157,7 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
                 break
             for p, fam, dims, kernels in lowered_rows(op, shape):
                 got = M.measure_row(fam, L.F32, kernels, dims, f"{op}.{p}", 1, device,
-                                     2e-3, free, samples=repeats)
+                                    2e-3, free, samples=repeats)
                 if isinstance(got, str):
                     skipped[got] = skipped.get(got, 0) + 1
                     continue

@@ -664,8 +664,8 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
                     # The first pass warms each row fully (plan caches, allocator);
                     # later passes rebuild it and need one call to be warm again.
                     got = measure_row(*key[:4], key[4], batch, device, min_sample_s, free, clock,
-                                       min_warmup_calls=2 if p == 0 else 1,
-                                       warmup_s=0.02 if p == 0 else 0.0)
+                                      min_warmup_calls=2 if p == 0 else 1,
+                                      warmup_s=0.02 if p == 0 else 0.0)
                     if isinstance(got, str):
                         failed[key] = got
                     else:
@@ -687,9 +687,9 @@ def measure_table(ops, batch: int, device: torch.device, *, repeats: int = 7,
 
 
 def measure_row(fam: int, code: int, kernels: int, dims: tuple, name: str, batch: int,
-                 device: torch.device, min_sample_s: float, free_bytes: float,
-                 clock: str = "wall", min_warmup_calls: int = 2,
-                 warmup_s: float = 0.02, samples: int = 1) -> float | str:
+                device: torch.device, min_sample_s: float, free_bytes: float,
+                clock: str = "wall", min_warmup_calls: int = 2,
+                warmup_s: float = 0.02, samples: int = 1) -> float | str:
     """The median of `samples` samples (us) of one row, or a short reason why
     it cannot be measured."""
     family_name = L.FAMILY_NAMES[fam]

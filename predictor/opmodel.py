@@ -117,8 +117,9 @@ def measured_chips(mlp: np.ndarray | None = None) -> frozenset[float]:
         return frozenset()
     keys = set()
     for g in range(N_GROUPS):
-        off, n = int(mlp[1 + HEADER * g + 6]), int(mlp[1 + HEADER * g + 7])
-        keys.update(float(mlp[off + 2 * i]) for i in range(n))
+        # (key, correction) pairs, read as layout_problem reads them.
+        off, n = (int(v) for v in mlp[1 + HEADER * g + 6:1 + HEADER * g + 8])
+        keys.update(mlp[off:off + 2 * n:2].tolist())
     return frozenset(keys - {OTHER_CHIPS, 0.0})
 
 

@@ -127,13 +127,14 @@ def load_specs(files: Sequence[str]) -> None:
 
 def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     """One-line notes every output format shows (table: under it; --json: a
-    "notes" list; --csv: on stderr): how the step was traced, and bf16 asked
-    of GPUs without bf16 tensor cores."""
+    "notes" list; --csv: on stderr): how the step was traced, the GPUs asked
+    for whose chip the op models were not trained on, and bf16 asked of GPUs
+    without bf16 tensor cores."""
+    from predictor import opmodel
+
     out = list(getattr(graph, "notes", None) or [])
     bf16 = dtype == "bfloat16" or dtype is None and (
         getattr(graph, "amp", None) == "bf16" or _traced_in_bf16(graph))
-    from predictor import opmodel
-
     outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])
     if outside:
         trained = ", ".join(opmodel.shipped()[1].get("gpus", []))
