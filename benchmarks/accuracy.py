@@ -148,7 +148,8 @@ def shipped_weights(seed: int, epochs: int, train: D.OpSamples):
     # (analytical in its place) are another model.
     every_group = meta.get("shipped_groups", list(GROUP_NAMES)) == list(GROUP_NAMES)
     if mlp.size and meta.get("seed") == seed and meta.get("epochs") == epochs \
-            and meta.get("samples") == len(train) and every_group:
+            and meta.get("samples") == len(train) and every_group \
+            and meta.get("ensemble", 1) == T.ENSEMBLE:
         return mlp
     return None
 

@@ -62,16 +62,19 @@ def group_names(family: np.ndarray) -> np.ndarray:
 
 
 def held_out_model(samples: OpSamples, gpu: str, *, seed: int = 0, epochs: int = 60,
-                   cache: Path | None = None, log=None) -> np.ndarray:
+                   cache: Path | None = None, log=None, ensemble: int | None = None) -> np.ndarray:
     """The packed op-model weights trained on every GPU but `gpu` (cached in
-    `cache` when given, keyed by GPU, seed, epochs and sample count)."""
+    `cache` when given, keyed by GPU, seed, epochs, ensemble and sample count)."""
+    ensemble = T.ENSEMBLE if ensemble is None else ensemble
     path = None
     if cache is not None:
-        path = Path(cache) / f"without-{gpu}-seed{seed}-epochs{epochs}-n{len(samples)}.npy"
+        path = Path(cache) / (f"without-{gpu}-seed{seed}-epochs{epochs}-ensemble{ensemble}"
+                              f"-n{len(samples)}.npy")
         if path.is_file():
             return np.load(path)
     t0 = time.perf_counter()
-    mlp = T.train(samples.subset(samples.gpu != gpu), seed=seed, epochs=epochs)
+    mlp = T.train(samples.subset(samples.gpu != gpu), seed=seed, epochs=epochs,
+                  ensemble=ensemble)
     if log is not None:
         log(f"  op model without {gpu}: trained in {time.perf_counter() - t0:.0f} s")
     if path is not None:
@@ -108,7 +111,7 @@ def pair_residuals(samples: OpSamples, origin: str, target: str, mlp: np.ndarray
 
 
 def residuals(samples: OpSamples, gpus=None, *, seed: int = 0, epochs: int = 60,
-              cache: Path | None = None, log=None) -> pd.DataFrame:
+              cache: Path | None = None, log=None, ensemble: int | None = None) -> pd.DataFrame:
     """`pair_residuals` of every ordered pair of distinct, unlike training GPUs,
     each with the model trained without its target."""
     gpus = sorted(set(samples.gpu)) if gpus is None else list(gpus)
@@ -118,7 +121,8 @@ def residuals(samples: OpSamples, gpus=None, *, seed: int = 0, epochs: int = 60,
     gpus = [g for g in gpus if counts.get(g, 0) > 1]
     parts = []
     for target in gpus:
-        mlp = held_out_model(samples, target, seed=seed, epochs=epochs, cache=cache, log=log)
+        mlp = held_out_model(samples, target, seed=seed, epochs=epochs, cache=cache, log=log,
+                             ensemble=ensemble)
         for origin in gpus:
             if origin != target and not alike(origin, target):
                 parts.append(pair_residuals(samples, origin, target, mlp))
@@ -152,12 +156,12 @@ def summary(res: pd.DataFrame, weights: dict[str, float]) -> pd.DataFrame:
 
 
 def fit(data: str | Path, *, seed: int = 0, epochs: int = 60, cache: Path | None = None,
-        log=None, extra=()) -> tuple[dict[str, float], pd.DataFrame]:
+        log=None, extra=(), ensemble: int | None = None) -> tuple[dict[str, float], pd.DataFrame]:
     """(w per group, the pair residuals they were fitted on) from the training
     files of a NeuSight data folder and the measured-kernel files `extra`
     (``datasets.load_measured``: another GPU, paired on the shapes it shares)."""
     samples = load_train(data, extra=extra)
-    res = residuals(samples, seed=seed, epochs=epochs, cache=cache, log=log)
+    res = residuals(samples, seed=seed, epochs=epochs, cache=cache, log=log, ensemble=ensemble)
     return fit_weights(res), res
 
 
@@ -172,12 +176,15 @@ def save(path: str | Path, weights: dict[str, float], meta: dict) -> None:
 
 
 def fit_and_save(data: str | Path, out: str | Path, *, seed: int = 0, epochs: int = 60,
-                 cache: Path | None = None, log=None, extra=()) -> tuple[dict[str, float], dict]:
+                 cache: Path | None = None, log=None, extra=(),
+                 ensemble: int | None = None) -> tuple[dict[str, float], dict]:
     """Fit the blend on `data` (and `extra`) and write ``out/calibration_blend.json``."""
-    weights, res = fit(data, seed=seed, epochs=epochs, cache=cache, log=log, extra=extra)
+    ensemble = T.ENSEMBLE if ensemble is None else ensemble
+    weights, res = fit(data, seed=seed, epochs=epochs, cache=cache, log=log, extra=extra,
+                       ensemble=ensemble)
     pairs = sorted({f"{o} -> {t}" for o, t in zip(res["origin"], res["target"])})
     meta = {"command": "predictor train-models --data ../shared/data/neusight --blend-only",
-            "seed": seed, "epochs": epochs, "pairs": pairs,
+            "seed": seed, "epochs": epochs, "ensemble": ensemble, "pairs": pairs,
             "shapes": {str(g): int(n) for g, n in res.groupby("group").size().items() if g},
             "gpus": sorted(set(res["origin"]))}
     if extra:

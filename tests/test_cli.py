@@ -51,6 +51,7 @@ def test_predict_table_and_csv(capsys):
     (["predict", "resnet50", "--batch-size", "-3"], "positive integer"),
     (["predict", "gpt2", "--seq-len", "5000"], "exceeds"),
     (["predict", "missing_file.py:build"], "missing_file.py"),
+    (["train-models", "--data", ".", "--ensemble", "0"], "positive integer"),
 ])
 def test_errors_are_one_line_exit_2(args, needle, capsys):
     with pytest.raises(SystemExit) as exc:

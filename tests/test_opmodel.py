@@ -169,9 +169,15 @@ def test_training_is_seeded(data_dir):
 def test_accuracy_harness_runs(data_dir):
     """The harness on the real data with short training: the learned models
     beat the plain roofline in-distribution on average over the families."""
-    from benchmarks import accuracy
+    import functools
 
-    df, _ = accuracy.run(data_dir, epochs=6, habitat_epochs=3, log=lambda *_: None)
+    from benchmarks import accuracy
+    from predictor.calibration import train as T
+
+    # Two networks distilled into one: the shipped recipe's path, at a
+    # fraction of its time.
+    df, _ = accuracy.run(data_dir, epochs=6, habitat_epochs=3, log=lambda *_: None,
+                         train_fn=functools.partial(T.train, ensemble=2))
     test = df[df.split == "test"].pivot_table(index="family", columns="model", values="mape")
     assert test["learned"].mean() < test["roofline"].mean(), test
     assert set(df[df.split == "logo"].gpu) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB"}
@@ -511,3 +517,65 @@ def test_fit_group_with_the_waves_head_fits_one_wave_start_up():
     pred = FS.forward(m, x, ideal)
     assert np.isfinite(pred).all() and (pred > 0).all()
     assert np.median(np.abs(pred / target - 1.0)) < 0.05
+
+
+def _synthetic_softmax(n=600, seed=0):
+    """Softmax rows on two training GPUs, timed by the analytical model with
+    a GPU-level factor and some noise (no data folder needed)."""
+    from predictor.calibration import datasets as D
+    from predictor.kernels.optime import isolated_times_us
+    from predictor.calibration import train as T
+
+    rng = np.random.default_rng(seed)
+    b = np.exp2(rng.uniform(4, 14, n)).astype(np.int64)
+    h = np.exp2(rng.uniform(5, 12, n)).astype(np.int64)
+    dims = np.zeros((n, L.MAX_DIMS), dtype=np.int64)
+    dims[:, L.MEM_READ] = dims[:, L.MEM_WRITTEN] = b * h
+    dims[:, L.MEM_FLOPS] = 5 * b * h
+    dims[:, L.MEM_INNER], dims[:, L.MEM_OUTER] = h, b
+    gpu = np.where(np.arange(n) % 2 == 0, "T4", "V100-PCIE-32GB").astype(object)
+    s = D.OpSamples(np.full(n, "softmax", dtype=object), np.full(n, L.SOFTMAX), dims, gpu,
+                    np.ones(n))
+    ids = sorted(set(gpu))
+    db = hardware.database()
+    feats = db.features([db.get(i) for i in ids])
+    index = np.array([ids.index(g) for g in gpu], dtype=np.int64)
+    t = isolated_times_us(s.family.astype(np.int64), np.zeros(n, np.int64), dims, feats, index,
+                          T.training_params(), np.zeros(0))
+    slow = np.where(gpu == "T4", 1.3, 1.0)
+    s.latency_ms = t * 1e-3 * slow * np.exp(rng.normal(0.0, 0.05, n)) + 0.01
+    return s
+
+
+def test_distilled_network_follows_its_ensemble(monkeypatch):
+    """fit_distilled: several seeded networks, then one fitted to their
+    geometric mean on the measured shapes and on every spec-database GPU.
+    The one network tracks the ensemble's mean on GPUs it has no
+    measurement of, is the same whether the ensemble is fitted in one
+    process or several, and its predictions are finite and positive."""
+    from predictor.calibration import train as T
+    from predictor.kernels.features import G_SOFTMAX
+
+    s = _synthetic_softmax()
+    monkeypatch.setattr(T, "DISTIL_ROWS_PER_GPU", 60)
+    monkeypatch.setenv("PREDICTOR_TRAIN_WORKERS", "2")
+    two = T.fit_distilled(G_SOFTMAX, s, seed=1, epochs=200, ensemble=2)
+    monkeypatch.setenv("PREDICTOR_TRAIN_WORKERS", "1")
+    one = T.fit_distilled(G_SOFTMAX, s, seed=1, epochs=200, ensemble=2)
+    for a, b in zip(two.layers, one.layers):
+        for p, q in zip(a, b):
+            assert np.array_equal(p, q)
+    teachers = [T.fit_group(G_SOFTMAX, *T.features(s)[:2], T.features(s)[3],
+                            x_more=T.features(T.doubled(s, 1))[0],
+                            ideal_more=T.features(T.doubled(s, 1))[1],
+                            seed=1 + G_SOFTMAX + 101 * k, epochs=200) for k in range(2)]
+    unseen = T.spec_gpu_rows(s, 40, seed=5)
+    unseen = unseen.subset(~np.isin(unseen.gpu, ("T4", "V100-PCIE-32GB")))
+    x, ideal, _, _ = T.features(unseen)
+    student = one.times_us(x, ideal)
+    mean = np.exp(np.mean([np.log(t.times_us(x, ideal)) for t in teachers], axis=0))
+    assert np.isfinite(student).all() and (student > 0).all()
+    assert np.median(np.abs(np.log(student / mean))) < 0.1
+    # ensemble=1 is the single network, undistilled.
+    single = T.fit_distilled(G_SOFTMAX, s, seed=1, epochs=200, ensemble=1)
+    assert np.array_equal(single.layers[0][0], teachers[0].layers[0][0])
