@@ -129,14 +129,45 @@ def learned_us(family, dtype_code, d, gpu, params, eta):
 
 
 @njit(cache=True)
+def forward_equivalent(family, d):
+    """(family, dims) whose features a row is priced by. The data has no
+    softmax or layer-norm backward kernel, and a network asked about one
+    meets inputs it never saw (three reads per write, 12 flops an element):
+    a shipped ensemble put the layer-norm backward of BERT-large at 0.08 of
+    the DRAM roofline against 0.5 for its forward. So such a row takes the
+    learned efficiency of the forward kernel over the same rows (the same
+    inner and outer dims: one block a row, the same reduction) and pays its
+    own bytes at it (``learned_us``). Other rows are their own."""
+    if family != L.SOFTMAX_BWD and family != L.LAYER_NORM_BWD:
+        return family, d
+    inner = max(d[L.MEM_INNER], 1)
+    outer = max(d[L.MEM_OUTER], 1)
+    n = inner * outer
+    f = np.zeros_like(d)
+    f[L.MEM_INNER] = inner
+    f[L.MEM_OUTER] = outer
+    if family == L.SOFTMAX_BWD:  # as families._softmax lowers the forward
+        f[L.MEM_READ] = n
+        f[L.MEM_WRITTEN] = n
+        f[L.MEM_FLOPS] = 5 * n
+        return L.SOFTMAX, f
+    f[L.MEM_READ] = n + 2 * inner  # as families._layer_norm (with weight and bias)
+    f[L.MEM_WRITTEN] = n + 2 * outer
+    f[L.MEM_FLOPS] = 8 * n
+    return L.LAYER_NORM, f
+
+
+@njit(cache=True)
 def row_features(family, dtype_code, d, gpu, params, out):
     """Fill `out[:N_FEATURES]` for one row on one GPU; returns its model group.
 
     No feature names the GPU itself (SM count, clock, per-SM throughput, L2
     size): with five training GPUs such features act as an identity and do not
     transfer (leave-one-GPU-out validation chose this set; see the module
-    docstring).
+    docstring). Softmax and layer-norm backward rows are described as their
+    forward kernels (`forward_equivalent`).
     """
+    family, d = forward_equivalent(family, d)
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
     peak = peak_flops(gpu, family, dtype_code, params)

@@ -226,8 +226,25 @@ def ideal_us(family: int, dtype_code: int, d, gpu, params) -> float:
     return max(t_c, t_m, 1e-6)
 
 
+def forward_equivalent(family: int, d):
+    """A softmax or layer-norm backward row as the forward kernel over the
+    same rows, whose features price it (see kernels.features)."""
+    if family not in (L.SOFTMAX_BWD, L.LAYER_NORM_BWD):
+        return family, d
+    inner, outer = max(int(d[L.MEM_INNER]), 1), max(int(d[L.MEM_OUTER]), 1)
+    n = inner * outer
+    f = np.zeros_like(np.asarray(d))
+    f[L.MEM_INNER], f[L.MEM_OUTER] = inner, outer
+    if family == L.SOFTMAX_BWD:
+        f[L.MEM_READ], f[L.MEM_WRITTEN], f[L.MEM_FLOPS] = n, n, 5 * n
+        return L.SOFTMAX, f
+    f[L.MEM_READ], f[L.MEM_WRITTEN], f[L.MEM_FLOPS] = n + 2 * inner, n + 2 * outer, 8 * n
+    return L.LAYER_NORM, f
+
+
 def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     """The learned models' input vector for one row on one GPU."""
+    family, d = forward_equivalent(family, d)
     flops, elems = flops_and_elems(family, d)
     nbytes = elems * row_elem_bytes(dtype_code)
     peak = peak_flops(gpu, family, dtype_code, params)

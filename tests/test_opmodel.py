@@ -579,3 +579,41 @@ def test_distilled_network_follows_its_ensemble(monkeypatch):
     # ensemble=1 is the single network, undistilled.
     single = T.fit_distilled(G_SOFTMAX, s, seed=1, epochs=200, ensemble=1)
     assert np.array_equal(single.layers[0][0], teachers[0].layers[0][0])
+
+
+@pytest.mark.parametrize("gpu", ["V100-PCIE-32GB", "H100-SXM5-80GB", "L4"])
+@pytest.mark.parametrize("fwd,bwd", [(L.SOFTMAX, L.SOFTMAX_BWD), (L.LAYER_NORM, L.LAYER_NORM_BWD)])
+def test_softmax_and_layer_norm_backward_run_at_their_forward_efficiency(gpu, fwd, bwd):
+    """The data has no softmax or layer-norm backward kernel: a backward row
+    is priced at the learned efficiency of the forward kernel over the same
+    rows, so its time is the forward's scaled by the bytes it moves (as the
+    lowering counts them), not whatever a network says about inputs it never
+    saw."""
+    from predictor.engine import model_params
+    from predictor.kernels.features import N_FEATURES, forward_equivalent, group_of, row_features
+    from predictor.kernels.mlp import floor_us
+
+    mlp = opmodel.weights()
+    if not mlp.size:
+        pytest.skip("no shipped weights")
+    inner, outer = 1024, 18432
+    n = inner * outer
+    d = np.zeros((2, L.MAX_DIMS), dtype=np.int64)
+    d[:, L.MEM_INNER], d[:, L.MEM_OUTER] = inner, outer
+    if fwd == L.SOFTMAX:
+        d[0, [L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS]] = n, n, 5 * n
+        d[1, [L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS]] = 2 * n, n, 3 * n
+    else:
+        d[0, [L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS]] = n + 2 * inner, n + 2 * outer, 8 * n
+        d[1, [L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS]] = 3 * n + 2 * outer, n + 2 * inner, 12 * n
+    fam, same = forward_equivalent(bwd, d[1])
+    assert fam == fwd and np.array_equal(same, d[0])
+    gpu_row = hardware.get(gpu).features
+    x = np.zeros((2, N_FEATURES))
+    for i, f in enumerate((fwd, bwd)):
+        row_features(f, L.F32, d[i], gpu_row, model_params(), x[i])
+    assert np.array_equal(x[0], x[1])
+    t = predict_rows(np.array([fwd, bwd]), d, gpu, mlp=mlp)
+    nbytes = d[:, L.MEM_READ] + d[:, L.MEM_WRITTEN]
+    f = floor_us(mlp, group_of(fwd)) * 1e-3  # the isolated measurement's fixed cost
+    assert (t[1] - f) / (t[0] - f) == pytest.approx(nbytes[1] / nbytes[0], rel=0.02)
