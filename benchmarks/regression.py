@@ -210,6 +210,15 @@ def e2e_figures(summary, setting: str) -> dict[str, float]:
     return out
 
 
+def _summary_text(E, summary) -> str:
+    """The end-to-end harness's per-GPU table, as it prints it."""
+    import io
+
+    buf = io.StringIO()
+    E.print_summary(summary, out=buf)
+    return buf.getvalue().rstrip()
+
+
 def compute(data: Path, log=print) -> dict[str, float]:
     """Every figure, from fresh runs of the two harnesses."""
     from benchmarks import accuracy as A
@@ -228,12 +237,15 @@ def compute(data: Path, log=print) -> dict[str, float]:
     t0 = time.perf_counter()
     labels = E.discover(data)
     log(f"end-to-end, shipped weights: {len(labels)} labels")
-    shipped = E.evaluate(data, labels, log=log)
-    figures.update(e2e_figures(E.summary_frame(E.results_frame(shipped)), "in-dist"))
+    shipped = E.summary_frame(E.results_frame(E.evaluate(data, labels, log=log)))
+    log(_summary_text(E, shipped))
+    figures.update(e2e_figures(shipped, "in-dist"))
     log("end-to-end, leave-one-GPU-out")
     weights_for = E.logo_weights(data, labels, log, train_fn=train_fn)
-    logo = E.evaluate(data, labels, log=log, weights_for=weights_for)
-    figures.update(e2e_figures(E.summary_frame(E.results_frame(logo)), "logo"))
+    logo = E.summary_frame(E.results_frame(E.evaluate(data, labels, log=log,
+                                                      weights_for=weights_for)))
+    log(_summary_text(E, logo))
+    figures.update(e2e_figures(logo, "logo"))
     log(f"end-to-end: {time.perf_counter() - t0:.0f} s")
     return {k: round(v, 2) for k, v in figures.items() if math.isfinite(v)}
 
