@@ -305,6 +305,10 @@ def test_feature_selection_harness_scores_every_held_out_gpu(data_dir):
     res = FS.validate(data_dir, F.G_SOFTMAX, add=["l2"], epochs=2, log=lambda *_: None)
     assert set(res) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"}
     assert all(np.isfinite(r["softmax"]) and r["softmax"] > 0 for r in res.values())
+    # --ensemble: the shipped recipe (networks distilled into one), same protocol.
+    res = FS.validate(data_dir, F.G_SOFTMAX, epochs=1, ensemble=2, log=lambda *_: None)
+    assert set(res) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"}
+    assert all(np.isfinite(r["softmax"]) and r["softmax"] > 0 for r in res.values())
 
 
 def test_cross_gpu_spread_bound(data_dir):
