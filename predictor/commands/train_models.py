@@ -1,8 +1,9 @@
 """`predictor train-models`: reproduce the shipped per-op model weights
 (opmodels.npz: each group's networks fitted from several seeds and
-distilled into one, 10-15 minutes on two cores) and, with ``--blend`` / ``--blend-only``, the
-calibrated mode's blend weights (calibration_blend.json: five op models
-trained leave-one-GPU-out, 5-6 minutes; ``predictor.calibration.blend``)."""
+distilled into one, about 5 minutes on two cores) and, with ``--blend`` /
+``--blend-only``, the calibrated mode's blend weights (calibration_blend.json: five op models
+trained leave-one-GPU-out, about 20 minutes on two cores;
+``predictor.calibration.blend``)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def add_parser(sub) -> None:
                         "one (default: the shipped recipe's); 1 trains one network, faster")
     p.add_argument("--blend", action="store_true",
                    help="also fit calibrated mode's blend weights (calibration_blend.json; "
-                        "trains one model per GPU held out, 5-6 minutes)")
+                        "trains one model per GPU held out, about 20 minutes on two "
+                        "cores)")
     p.add_argument("--blend-only", action="store_true",
                    help="fit calibration_blend.json only; leave opmodels.npz as it is")
     p.add_argument("--models-cache", default=None, metavar="DIR",
