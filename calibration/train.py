@@ -265,10 +265,11 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
 
 
 # Networks fitted per group, each from its own seed, before distillation.
-# Four networks fitted to four GPUs agree where the data is and disagree where
-# a GPU lies outside it: a single network's leave-one-GPU-out error moves with
+# Networks fitted to a few GPUs agree where the data is and disagree where a
+# GPU lies outside it: a single network's leave-one-GPU-out error moves with
 # its seed (held-out P4 softmax 10.9-42.0 % over seeds 0-4), and the mean of
-# several is steadier (benchmarks/README.md, "Ensembles").
+# several is steadier (benchmarks/README.md, "Ensembles distilled into one
+# network").
 ENSEMBLE = 4
 # Rows per GPU of the spec database on which the shipped network is fitted to
 # the ensemble's mean (see `fit_distilled`).
