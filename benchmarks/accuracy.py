@@ -149,7 +149,9 @@ def shipped_weights(seed: int, epochs: int, train: D.OpSamples):
     every_group = meta.get("shipped_groups", list(GROUP_NAMES)) == list(GROUP_NAMES)
     if mlp.size and meta.get("seed") == seed and meta.get("epochs") == epochs \
             and meta.get("samples") == len(train) and every_group \
-            and meta.get("ensemble", 1) == T.ENSEMBLE:
+            and meta.get("ensemble", 1) == T.ENSEMBLE \
+            and meta.get("distil_rows_per_gpu", 0) == \
+            (T.DISTIL_ROWS_PER_GPU if T.ENSEMBLE > 1 else 0):
         return mlp
     return None
 

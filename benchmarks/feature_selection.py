@@ -128,11 +128,6 @@ def model_features(s: D.OpSamples, drop=(), add=()):
     return x, ideal, group, target
 
 
-def forward(m: T.GroupModel, x: np.ndarray, ideal: np.ndarray) -> np.ndarray:
-    """A fitted group's isolated-op time (us), in numpy."""
-    return m.times_us(x, ideal)
-
-
 def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: int = 60,
              log=print, head: str = "sigmoid", ensemble: int = 1) -> dict[str, dict[str, float]]:
     """MAPE % per held-out GPU and op. `ensemble` > 1: the shipped recipe,
@@ -158,18 +153,12 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
             model = T.fit_distilled(group, fit_on.subset(mask), seed=seed, epochs=epochs,
                                     ensemble=ensemble, featurize=featurize)
         else:
-            sub = fit_on.subset(mask)
             xm, im, _, _ = featurize(T.doubled(fit_on, seed))
-            probes = None
-            if group == features.G_MATMUL:
-                pr = T.gemm_probes(sub, seed)
-                xp, ip, _, _ = featurize(pr)
-                xpm, ipm, _, _ = featurize(T.doubled(pr, seed + 1))
-                probes = (xp, ip, xpm, ipm)
+            probes = T.probe_features(group, fit_on.subset(mask), seed, featurize)
             model = T.fit_group(group, x[mask], ideal[mask], t[mask], x_more=xm[mask],
                                 ideal_more=im[mask], probes=probes, seed=seed + group,
                                 epochs=epochs, head=head)
-        err = np.abs(forward(model, xe[em], ie[em]) - te[em]) / te[em] * 100.0
+        err = np.abs(model.times_us(xe[em], ie[em]) - te[em]) / te[em] * 100.0
         fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
         log(f"  {held:<16} {time.perf_counter() - t0:5.1f} s  " +

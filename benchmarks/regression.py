@@ -34,6 +34,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import io
 import json
 import math
 import sys
@@ -212,8 +213,6 @@ def e2e_figures(summary, setting: str) -> dict[str, float]:
 
 def _summary_text(E, summary) -> str:
     """The end-to-end harness's per-GPU table, as it prints it."""
-    import io
-
     buf = io.StringIO()
     E.print_summary(summary, out=buf)
     return buf.getvalue().rstrip()

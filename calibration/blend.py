@@ -62,10 +62,9 @@ def group_names(family: np.ndarray) -> np.ndarray:
 
 
 def held_out_model(samples: OpSamples, gpu: str, *, seed: int = 0, epochs: int = 60,
-                   cache: Path | None = None, log=None, ensemble: int | None = None) -> np.ndarray:
+                   cache: Path | None = None, log=None, ensemble: int = T.ENSEMBLE) -> np.ndarray:
     """The packed op-model weights trained on every GPU but `gpu` (cached in
     `cache` when given, keyed by GPU, seed, epochs, ensemble and sample count)."""
-    ensemble = T.ENSEMBLE if ensemble is None else ensemble
     path = None
     if cache is not None:
         path = Path(cache) / (f"without-{gpu}-seed{seed}-epochs{epochs}-ensemble{ensemble}"
@@ -111,7 +110,7 @@ def pair_residuals(samples: OpSamples, origin: str, target: str, mlp: np.ndarray
 
 
 def residuals(samples: OpSamples, gpus=None, *, seed: int = 0, epochs: int = 60,
-              cache: Path | None = None, log=None, ensemble: int | None = None) -> pd.DataFrame:
+              cache: Path | None = None, log=None, ensemble: int = T.ENSEMBLE) -> pd.DataFrame:
     """`pair_residuals` of every ordered pair of distinct, unlike training GPUs,
     each with the model trained without its target."""
     gpus = sorted(set(samples.gpu)) if gpus is None else list(gpus)
@@ -156,7 +155,7 @@ def summary(res: pd.DataFrame, weights: dict[str, float]) -> pd.DataFrame:
 
 
 def fit(data: str | Path, *, seed: int = 0, epochs: int = 60, cache: Path | None = None,
-        log=None, extra=(), ensemble: int | None = None) -> tuple[dict[str, float], pd.DataFrame]:
+        log=None, extra=(), ensemble: int = T.ENSEMBLE) -> tuple[dict[str, float], pd.DataFrame]:
     """(w per group, the pair residuals they were fitted on) from the training
     files of a NeuSight data folder and the measured-kernel files `extra`
     (``datasets.load_measured``: another GPU, paired on the shapes it shares)."""
@@ -177,9 +176,8 @@ def save(path: str | Path, weights: dict[str, float], meta: dict) -> None:
 
 def fit_and_save(data: str | Path, out: str | Path, *, seed: int = 0, epochs: int = 60,
                  cache: Path | None = None, log=None, extra=(),
-                 ensemble: int | None = None) -> tuple[dict[str, float], dict]:
+                 ensemble: int = T.ENSEMBLE) -> tuple[dict[str, float], dict]:
     """Fit the blend on `data` (and `extra`) and write ``out/calibration_blend.json``."""
-    ensemble = T.ENSEMBLE if ensemble is None else ensemble
     weights, res = fit(data, seed=seed, epochs=epochs, cache=cache, log=log, extra=extra,
                        ensemble=ensemble)
     pairs = sorted({f"{o} -> {t}" for o, t in zip(res["origin"], res["target"])})

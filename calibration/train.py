@@ -298,7 +298,7 @@ def spec_gpu_rows(samples: OpSamples, per_gpu: int, seed: int = 0) -> OpSamples:
     return OpSamples.concat(parts)
 
 
-def _probes(group: int, samples: OpSamples, seed: int, featurize) -> tuple | None:
+def probe_features(group: int, samples: OpSamples, seed: int, featurize) -> tuple | None:
     """The doubled-work probes of `fit_group` for a group's samples (GEMMs only)."""
     if group != G_MATMUL:
         return None
@@ -324,7 +324,7 @@ def fit_distilled(group: int, samples: OpSamples, *, seed: int = 0, epochs: int 
     featurize = featurize or features
     x, ideal, _, target = featurize(samples)
     x_more, ideal_more, _, _ = featurize(doubled(samples, seed))
-    probes = _probes(group, samples, seed, featurize)
+    probes = probe_features(group, samples, seed, featurize)
     fits = [dict(x_more=x_more, ideal_more=ideal_more, probes=probes,
                  seed=seed + group + 101 * k, epochs=epochs)
             for k in range(ensemble)]
@@ -349,7 +349,7 @@ def fit_distilled(group: int, samples: OpSamples, *, seed: int = 0, epochs: int 
     ta = np.exp(np.mean([np.log(t.times_us(xa, ia)) for t in teachers], axis=0))
     xam, iam, _, _ = featurize(doubled(both, seed))
     return fit_group(group, xa, ia, ta, x_more=xam, ideal_more=iam,
-                     probes=_probes(group, both, seed, featurize), seed=seed + group,
+                     probes=probe_features(group, both, seed, featurize), seed=seed + group,
                      epochs=epochs, progress=progress)
 
 
@@ -449,7 +449,8 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
     """Fit every group present in `samples`; returns the packed weights, with
     the per-chip corrections of the chips in `samples` unless `chips` is False.
     `ensemble`: networks per group before distillation (`fit_distilled`)."""
-    group = np.array([group_of(int(f)) for f in samples.family])
+    families, index = np.unique(samples.family, return_inverse=True)
+    group = np.array([group_of(int(f)) for f in families], dtype=np.int64)[index]
     models = {}
     for g in range(N_GROUPS):
         if groups is not None and g not in groups:

@@ -502,7 +502,7 @@ def test_the_accuracy_harness_reuses_the_shipped_weights_for_their_own_recipe(da
 def test_fit_group_with_the_waves_head_fits_one_wave_start_up():
     """The harness-only output head of train.fit_group (NeuSight's shape of a
     utilisation, eta_max * sigmoid(z0) * (1 - sigmoid(z1) / waves)) trains and
-    is read back by benchmarks.feature_selection.forward: on ops whose
+    is read back by GroupModel.times_us: on ops whose
     utilisation really is 0.8 * (1 - 0.5 / waves) it comes within 5 %."""
     from benchmarks import feature_selection as FS
     from predictor.calibration import train as T
@@ -518,7 +518,7 @@ def test_fit_group_with_the_waves_head_fits_one_wave_start_up():
     eta = 0.8 * (1.0 - 0.5 / np.exp2(x[:, 5]))
     target = 5.0 + ideal / eta
     m = T.fit_group(0, x, ideal, target, seed=0, epochs=100, head="waves")
-    pred = FS.forward(m, x, ideal)
+    pred = m.times_us(x, ideal)
     assert np.isfinite(pred).all() and (pred > 0).all()
     assert np.median(np.abs(pred / target - 1.0)) < 0.05
 
@@ -569,9 +569,9 @@ def test_distilled_network_follows_its_ensemble(monkeypatch):
     for a, b in zip(two.layers, one.layers):
         for p, q in zip(a, b):
             assert np.array_equal(p, q)
-    teachers = [T.fit_group(G_SOFTMAX, *T.features(s)[:2], T.features(s)[3],
-                            x_more=T.features(T.doubled(s, 1))[0],
-                            ideal_more=T.features(T.doubled(s, 1))[1],
+    x, ideal, _, target = T.features(s)
+    x_more, ideal_more, _, _ = T.features(T.doubled(s, 1))
+    teachers = [T.fit_group(G_SOFTMAX, x, ideal, target, x_more=x_more, ideal_more=ideal_more,
                             seed=1 + G_SOFTMAX + 101 * k, epochs=200) for k in range(2)]
     unseen = T.spec_gpu_rows(s, 40, seed=5)
     unseen = unseen.subset(~np.isin(unseen.gpu, ("T4", "V100-PCIE-32GB")))
