@@ -23,13 +23,6 @@ ATTN_TILE = 128
 # RNN kernels are closed source, and the training data holds no LSTM).
 LSTM_TILE_B = 32
 LSTM_TILE_G = 128
-# PyTorch's softmax (aten/src/ATen/native/cuda/SoftMax.cu, PersistentSoftmax.cuh):
-# rows of up to this many elements run the warp-per-row kernel.
-SOFTMAX_WARP_MAX = 1024
-# Elements one vectorised load of the block-per-row kernel reads (float4 of fp32;
-# the data's dtype) and the most threads it gives a block.
-SOFTMAX_ILP = 4
-SOFTMAX_MAX_THREADS = 1024
 
 
 @njit(cache=True)
@@ -106,39 +99,11 @@ def thread_blocks(family, d):
         return max(d[0] * d[1] * _cdiv(d[2], ATTN_TILE), 1), 1, 128
     if family == L.LSTM or family == L.LSTM_BWD:
         return max(_cdiv(d[1], LSTM_TILE_B) * _cdiv(4 * d[3], LSTM_TILE_G), 1), 1, 256
-    if family == L.SOFTMAX or family == L.SOFTMAX_BWD:
-        return softmax_launch(max(d[L.MEM_OUTER], 1), max(d[L.MEM_INNER], 1))
-    if family == L.LAYER_NORM or family == L.LAYER_NORM_BWD:
-        return max(d[L.MEM_OUTER], 1), 8, 128  # one block of 128 threads per row
+    if family == L.SOFTMAX or family == L.SOFTMAX_BWD or family == L.LAYER_NORM \
+            or family == L.LAYER_NORM_BWD:
+        return max(d[L.MEM_OUTER], 1), 8, 128  # one block per row
     written = max(d[L.MEM_WRITTEN], d[L.MEM_READ] // 2, 1)
     return max(_cdiv(written, EW_THREADS * EW_ELEMS_PER_THREAD), 1), 16, EW_THREADS
-
-
-@njit(cache=True)
-def softmax_launch(rows, inner):
-    """(thread blocks, blocks resident per SM at most, threads per block) of
-    PyTorch's softmax over `inner` elements of each of `rows` rows, forward or
-    backward (both launch alike). Up to SOFTMAX_WARP_MAX elements a row, the
-    persistent warp kernel: 128-thread blocks, a warp of min(32, next power of
-    two of inner) lanes per row and two rows a warp up to 128 elements, so one
-    block holds 4 to 256 rows. Longer rows: one block per row, of the power of
-    two at or above min(inner / ILP, 1024) / 2 threads (at least a warp).
-    Residency is left to the GPU's own thread and block limits. Checked
-    against every launch grid and block the training files record
-    (tests/test_opmodel.py)."""
-    if inner <= SOFTMAX_WARP_MAX:
-        p2 = 1
-        while p2 < inner:
-            p2 *= 2
-        lanes = min(p2, 32)
-        rows_per_warp = 2 if p2 <= 128 else 1
-        per_block = (128 // lanes) * rows_per_warp
-        return (rows + per_block - 1) // per_block, 32, 128
-    cap = min(inner // SOFTMAX_ILP, SOFTMAX_MAX_THREADS) // 2
-    threads = 1
-    while threads < cap:
-        threads *= 2
-    return rows, 32, max(threads, 32)
 
 
 @njit(cache=True)

@@ -255,44 +255,6 @@ def test_training_gemms_tile_the_output_their_launch_grid_tiles(data_dir):
             assert match > 0.99, f"{f.name}: {match:.1%} of {op} grids tile the loader's output"
 
 
-@pytest.mark.parametrize("rows,inner,want", [
-    (127, 168, (32, 128)),     # warp kernel, 4 rows a block (one warp each)
-    (223, 114, (28, 128)),     # up to 128 elements: two rows a warp, 8 a block
-    (10, 16, (1, 128)),        # 16-lane warps: 16 rows a block
-    (1000, 1024, (250, 128)),  # the warp kernel's last width
-    (64, 1025, (64, 128)),     # block per row: min(1025 // 4, 1024) // 2 -> 128 threads
-    (64, 4094, (64, 512)),
-    (3, 100000, (3, 512)),     # capped at 1024 // 2
-])
-def test_softmax_launches_as_pytorch_does(rows, inner, want):
-    from predictor.kernels.work import softmax_launch, thread_blocks
-
-    blocks, _, threads = softmax_launch(rows, inner)
-    assert (blocks, threads) == want
-    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
-    d[L.MEM_INNER], d[L.MEM_OUTER] = inner, rows
-    for fam in (L.SOFTMAX, L.SOFTMAX_BWD):
-        assert thread_blocks(fam, d)[0] == blocks and thread_blocks(fam, d)[2] == threads
-
-
-def test_softmax_launch_rule_matches_every_recorded_launch(data_dir):
-    """Every softmax the training files timed ran with the grid and block the
-    rule gives: the warp kernel up to 1024 elements a row, a block per row
-    above."""
-    import pandas as pd
-
-    from predictor.kernels.work import softmax_launch
-
-    files = sorted((data_dir / "train" / "softmax").glob("*.csv"))
-    assert files
-    for f in files:
-        df = pd.read_csv(f)
-        got = np.array([softmax_launch(int(b), int(h)) for b, h in zip(df["B"], df["H"])])
-        grid = (df["Grid x"] * df["Grid y"] * df["Grid z"]).to_numpy()
-        block = (df["Block x"] * df["Block y"] * df["Block z"]).to_numpy()
-        assert (got[:, 0] == grid).all() and (got[:, 2] == block).all(), f.name
-
-
 @needs_weights
 def test_linear_and_row_major_matmul_are_priced_apart():
     x, w = (4096, 1280), (3840, 1280)
