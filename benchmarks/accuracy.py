@@ -2,6 +2,7 @@
 
     python -m benchmarks.accuracy --data ../shared/data/neusight [--plot accuracy.png] [--md FILE]
     python -m benchmarks.accuracy --data ../shared/data/neusight --spread
+    python -m benchmarks.accuracy --data ../shared/data/neusight --duration
 
 Two evaluations, per op family (linear, bmm, conv, elementwise, softmax, layer norm):
 
@@ -23,6 +24,10 @@ apart on identical test shapes: the LOGO MAPE of an oracle that knows the
 other GPUs' measured efficiency on the very shape and predicts their median
 (or max) for the held-out GPU. No model that prices a GPU by how ops meet its
 spec sheet, without having seen it, can be expected far below this.
+
+``--duration`` prints the training GEMMs' efficiency by waves and measured
+duration, per GPU: where it falls with duration at a fixed number of waves,
+the board does not hold its clock under sustained load.
 """
 
 from __future__ import annotations
@@ -248,6 +253,39 @@ def dram_table(df: pd.DataFrame) -> str:
     return t.round(3).to_string()
 
 
+WAVE_BINS = (-np.inf, 3.0, 5.0, 7.0, np.inf)  # log2 waves: < 8, 8-32, 32-128, > 128
+WAVE_LABELS = ("< 8", "8-32", "32-128", "> 128")
+DURATION_BINS_MS = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, np.inf)
+DURATION_LABELS = ("< 0.1 ms", "0.1-0.3", "0.3-1", "1-3", "3-10", "> 10 ms")
+
+
+def gemm_durations(data: Path) -> pd.DataFrame:
+    """Every training GEMM (linear and bmm) with its efficiency (ideal time at
+    the spec sheet's peaks over the measured time), its waves (features
+    column 5) and its measured duration. The training split only."""
+    s = D.load_train(data, ops=("linear", "bmm"))
+    x, ideal, _, meas_us = T.features(s)
+    return pd.DataFrame({"gpu": s.gpu, "op": s.op, "eta": ideal / meas_us,
+                         "log2_waves": x[:, 5], "ms": meas_us * 1e-3})
+
+
+def duration_table(df: pd.DataFrame, stat: str = "median") -> str:
+    """Per GPU, the median efficiency (or, with stat="size", the count) by
+    waves (rows) and measured duration (columns). At a fixed number of waves
+    a longer kernel amortises its start-up and runs closer to its plateau;
+    where efficiency falls with duration instead, the board cannot hold its
+    clock under sustained load (a power cap)."""
+    waves = pd.cut(df.log2_waves, WAVE_BINS, labels=WAVE_LABELS)
+    dur = pd.cut(df.ms, DURATION_BINS_MS, labels=DURATION_LABELS)
+    out = []
+    for gpu, sel in df.groupby("gpu"):
+        t = sel.eta.groupby([waves[sel.index], dur[sel.index]], observed=True).agg(stat).unstack()
+        t.index.name, t.columns.name = "waves", "duration"
+        out.append(f"{gpu} ({'kernels' if stat == 'size' else stat + ' efficiency'})\n"
+                   + (t.round(2) if stat != "size" else t.fillna(0).astype(int)).to_string())
+    return "\n\n".join(out)
+
+
 def spread_table(df: pd.DataFrame) -> str:
     pivot = df.pivot_table(index=["family", "oracle"], columns="gpu", values="mape")
     pivot["mean (no P4)"] = pivot[[g for g in pivot.columns if g not in EXCLUDED_FROM_MEAN]].mean(axis=1)
@@ -329,7 +367,18 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth", action="store_true",
                     help="only the highest sustained DRAM bandwidth fraction of the training "
                          "kernels, per GPU and working-set size")
+    ap.add_argument("--duration", action="store_true",
+                    help="only the training GEMMs' efficiency by waves and measured duration, "
+                         "per GPU (where a power cap shows)")
     args = ap.parse_args(argv)
+    if args.duration:
+        df = gemm_durations(Path(args.data))
+        print("Training GEMMs (linear and bmm): efficiency = ideal time at the spec sheet's")
+        print("peaks / measured time, by waves (rows) and measured duration (columns)")
+        print(duration_table(df))
+        print()
+        print(duration_table(df, stat="size"))
+        return 0
     if args.bandwidth:
         print("Highest sustained DRAM bandwidth / spec-sheet bandwidth of the memory-bound")
         print("training kernels (elementwise, softmax, layer norm), by working set against L2")

@@ -320,6 +320,32 @@ def test_cross_gpu_spread_bound(data_dir):
     assert "mean (no P4)" in accuracy.spread_table(df)
 
 
+def test_gemm_efficiency_by_waves_and_duration(data_dir):
+    from benchmarks import accuracy
+
+    df = accuracy.gemm_durations(data_dir)
+    assert set(df.op) == {"linear", "bmm"}
+    assert np.isfinite(df.eta).all() and (df.eta > 0).all() and (df.ms > 0).all()
+    text = accuracy.duration_table(df)
+    assert "T4 (median efficiency)" in text and "> 10 ms" in text
+    counts = accuracy.duration_table(df, stat="size")
+    assert "V100-PCIE-32GB (kernels)" in counts
+
+    def median(gpu, waves, lo, hi):
+        log2w = {"8-32": (3.0, 5.0)}[waves]
+        sel = df[(df.gpu == gpu) & (df.log2_waves >= log2w[0]) & (df.log2_waves < log2w[1])
+                 & (df.ms >= lo) & (df.ms < hi)]
+        return sel.eta.median()
+
+    # What the table is for: at 8-32 waves a 250 W board's GEMMs run closer to
+    # peak when they run longer (start-up amortised), a 70-75 W board's fall
+    # away once they run for milliseconds (its clock drops under the cap).
+    for gpu in ("V100-PCIE-32GB", "A100-PCIE-40GB"):
+        assert median(gpu, "8-32", 10.0, np.inf) > median(gpu, "8-32", 0.3, 1.0) + 0.15
+    for gpu in ("T4", "P4"):
+        assert median(gpu, "8-32", 10.0, np.inf) < median(gpu, "8-32", 0.3, 1.0) - 0.05
+
+
 # ---- per-chip corrections ------------------------------------------------------
 
 def test_chip_key_names_the_chip_not_the_board():
