@@ -231,8 +231,8 @@ def test_onnx_amp_refuses_a_half_precision_file(tmp_path):
 
 # Ops the fp32 traces of these models already price from bytes (not added by amp).
 FP32_GAPS = {"mv", "masked_fill_", "leaky_relu_backward"}
-# Zoo models with recurrent layers: under autocast their layers trace as the
-# CPU's fused bf16 oneDNN kernel (fp16 through bitcast views), where there is one.
+# Zoo models with recurrent layers: under autocast each LSTM layer traces as one
+# fused layer kernel in the autocast dtype, on every CPU (autocast._lstm_layers).
 RECURRENT = {"gnmt"}
 GEMM_HEAVY = {"resnet50", "inception_v3", "transformer", "gnmt", "bert-large", "bert-base",
               "gpt2", "gpt2-large", "gpt3-xl", "gpt3-2.7b", "opt-1.3b"}
@@ -254,12 +254,9 @@ def test_every_zoo_model_under_autocast(name):
     # bf16 in training, fp16 (with its GradScaler) in training and inference:
     # traced with nothing unsupported that fp32 has not, finite positive times on
     # GPUs with and without bf16 tensor cores, and on A100/H100 faster than fp32
-    # for the models whose time is in GEMMs. gnmt's LSTM in fp16 is the case the
-    # CPU cannot trace directly (no fp16 oneDNN LSTM): it must not decompose.
-    if name in RECURRENT and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        pytest.skip("this CPU has no oneDNN bf16 kernels (AVX-512 BF16 or AMX): torch "
-                    "decomposes a half-precision LSTM layer here instead of tracing the fused "
-                    "one, so its ops are counted unsupported")
+    # for the models whose time is in GEMMs. gnmt's LSTM in half precision is the
+    # case torch's CPU code decomposes (no oneDNN kernel for it on most CPUs): it
+    # must trace as its fused layers all the same.
     entry = zoo.get(name)
     seq = entry.default_seq_len and min(entry.default_seq_len, 128)
     traced = {(amp, mode): predictor.trace(name, amp=amp, mode=mode, seq_len=seq)
@@ -280,6 +277,44 @@ def test_every_zoo_model_under_autocast(name):
             for amp in ("bf16", "fp16"):
                 assert predictor.predict(traced[(amp, "train")], gpu).iteration_ms < t32, \
                     (amp, gpu)
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self, layers=2, bidirectional=True, batch_first=True, bias=True):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(32, 64, num_layers=layers, bidirectional=bidirectional,
+                                  batch_first=batch_first, dropout=0.1, bias=bias)
+        self.head = torch.nn.Linear(128 if bidirectional else 64, 10)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0])
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+@pytest.mark.parametrize("bidirectional,batch_first,bias", [(True, True, True),
+                                                            (False, False, False)])
+def test_half_lstm_traces_as_its_fused_layers_on_any_cpu(amp, bidirectional, batch_first, bias):
+    # torch's CPU lstm runs oneDNN's layer kernel in bf16 only on CPUs with bf16
+    # instructions, and in fp16 only without grad; elsewhere it decomposes every
+    # time step into GEMMs and pointwise ops. The trace must hold one LSTM layer
+    # kernel per layer and direction, forward and backward, in the autocast
+    # dtype, as under fp32, whatever CPU traces it.
+    model = Recurrent(bidirectional=bidirectional, batch_first=batch_first, bias=bias)
+    x = torch.zeros((4, 7, 32) if batch_first else (7, 4, 32))
+    g32 = predictor.trace(model, (x,), loss_fn=lambda out: out.float().mean())
+    g = predictor.trace(model, (x,), amp=amp, loss_fn=lambda out: out.float().mean())
+    assert not g.unsupported, g.unsupported
+    dtype = L.BF16 if amp == "bf16" else L.F16
+    layers = 2 * (2 if bidirectional else 1)
+    for family in (L.LSTM, L.LSTM_BWD):
+        rows, rows32 = _rows(g, family), _rows(g32, family)
+        assert sum(c for _, _, c in rows) == sum(c for _, _, c in rows32) == layers
+        assert {d for d, _, _ in rows} == {dtype}
+    for gpu in ("A100-SXM4-80GB", "V100-SXM2-32GB"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # bf16 on the V100
+            t = predictor.predict(g, gpu).iteration_ms
+        assert np.isfinite(t) and t > 0
 
 
 def test_tensor_core_fraction_per_gpu():

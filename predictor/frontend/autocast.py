@@ -196,6 +196,10 @@ class CudaAutocast:
                 if rule == "lower":
                     args, kwargs = self._cast(args, self.dtype), {
                         k: self._cast(v, self.dtype) for k, v in kwargs.items()}
+                    if name == "lstm.input":
+                        fused = _lstm_layers(args, kwargs)
+                        if fused is not None:
+                            return fused
                     if name in LOWER_CUDA_BUILD and self.dtype == torch.float16:
                         # The CPU has no fp16 LSTM layer kernel to trace (oneDNN's
                         # needs AMX-FP16 and no grad): trace the bf16 one, which
@@ -302,6 +306,64 @@ def _bitcast(x: Any, dtype: torch.dtype) -> Any:
             and x.dtype != dtype:
         return _Bitcast.apply(x, dtype)
     return x
+
+
+_LSTM_ARGS = ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train",
+              "bidirectional", "batch_first")
+_LSTM_MODE = 2  # oneDNN's (and cuDNN's) code for an LSTM cell
+
+
+def _lstm_layers(args: tuple, kwargs: dict):
+    """``aten.lstm.input`` in half precision as one LSTM-layer kernel per layer
+    and direction (``aten.mkldnn_rnn_layer``, what the trace lowers to cuDNN's
+    LSTM), or None where this does not apply (real tensors, projections).
+
+    ATen's CPU ``lstm`` takes oneDNN's per-layer kernel for fp32 always, but for
+    bf16 only where the CPU has oneDNN's bf16 kernels (AVX-512 BF16 or AMX) and
+    for fp16 only without grad; elsewhere it decomposes each time step into
+    GEMMs, ``unsafe_split`` and pointwise ops, a program a GPU never runs. On
+    fake tensors the kernel takes any dtype, so the trace calls it the way
+    ATen's oneDNN path does (``aten/src/ATen/native/mkldnn/RNN.cpp``,
+    ``mkldnn_impl``): time-major contiguous input, the layers in turn, the
+    directions concatenated, dropout between layers (one fused kernel, as CUDA
+    runs it), the final states stacked. The same graph on every CPU."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    v = {**dict(zip(_LSTM_ARGS, args)), **kwargs}
+    x, hx, params = v["input"], list(v["hx"]), list(v["params"])
+    layers, dirs = int(v["num_layers"]), 2 if v["bidirectional"] else 1
+    biases, train, batch_first = bool(v["has_biases"]), bool(v["train"]), bool(v["batch_first"])
+    per = 4 if biases else 2
+    tensors = [x, *hx, *params]
+    if len(hx) != 2 or len(params) != layers * dirs * per \
+            or not all(isinstance(t, FakeTensor) for t in tensors):
+        return None
+    h0, c0 = hx
+    hidden = h0.shape[-1]
+    if batch_first:
+        x = x.transpose(0, 1)
+    x = x.contiguous()
+    hy, cy = [], []
+    for layer in range(layers):
+        outs = []
+        for d in range(dirs):
+            i = layer * dirs + d
+            w = params[i * per:(i + 1) * per]
+            if not biases:
+                w = [*w, w[0].new_zeros(w[0].shape[0]), w[0].new_zeros(w[0].shape[0])]
+            out, h, c, _ = torch.ops.aten.mkldnn_rnn_layer(
+                x, w[0], w[1], w[2], w[3], h0[i], c0[i], d > 0, [], _LSTM_MODE, hidden,
+                layers, biases, dirs == 2, batch_first, train)
+            outs.append(out)
+            hy.append(h)
+            cy.append(c)
+        x = outs[0] if dirs == 1 else torch.cat(outs, -1)
+        p = float(v["dropout"])
+        if train and 0.0 < p < 1.0 and layer < layers - 1:
+            x = torch.ops.aten.native_dropout(x, p, True)[0]
+    if batch_first:
+        x = x.transpose(0, 1)
+    return x, torch.stack(hy, 0), torch.stack(cy, 0)
 
 
 def _has_op(name: str) -> bool:
