@@ -82,6 +82,14 @@ CANDIDATES = {
     # bytes a clock on every NVIDIA GPU since Maxwell, so a 128-lane SM has
     # half the operand bandwidth per FMA of a 64-lane one.
     "lanes": lambda s: np.log2(_spec_column(s, "fp32_cores_per_sm") / 64.0),
+    # A power cap's hold on long kernels: log2 of board power (clamped to
+    # 50-250 W) over 250 W, times how far the kernel's ideal compute time
+    # runs past 1 ms (log2, 0 below). The 70-75 W boards' GEMM efficiency
+    # falls once a kernel runs for milliseconds (`python -m
+    # benchmarks.accuracy --duration`); every 250 W board's rises. 0 for
+    # boards of 250 W and more, and for short kernels.
+    "throttle": lambda s: (np.log2(np.clip(_gpu_column(s, L.G_TDP_W), 50.0, 250.0) / 250.0)
+                           * np.maximum(T.features(s)[0][:, 0] - 10.0, 0.0)),
     # The ridge point (peak FLOP/s over bandwidth), log2 flop/byte.
     "ridge": lambda s: np.log2(_gpu_column(s, L.G_FP32_TFLOPS) * 1e3
                                / _gpu_column(s, L.G_MEM_BW_GBS)),
