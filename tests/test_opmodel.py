@@ -331,19 +331,18 @@ def test_gemm_efficiency_by_waves_and_duration(data_dir):
     counts = accuracy.duration_table(df, stat="size")
     assert "V100-PCIE-32GB (kernels)" in counts
 
-    def median(gpu, waves, lo, hi):
-        log2w = {"8-32": (3.0, 5.0)}[waves]
-        sel = df[(df.gpu == gpu) & (df.log2_waves >= log2w[0]) & (df.log2_waves < log2w[1])
-                 & (df.ms >= lo) & (df.ms < hi)]
+    def median_8_to_32_waves(gpu, lo_ms, hi_ms):
+        sel = df[(df.gpu == gpu) & (df.log2_waves >= 3.0) & (df.log2_waves < 5.0)
+                 & (df.ms >= lo_ms) & (df.ms < hi_ms)]
         return sel.eta.median()
 
     # What the table is for: at 8-32 waves a 250 W board's GEMMs run closer to
     # peak when they run longer (start-up amortised), a 70-75 W board's fall
     # away once they run for milliseconds (its clock drops under the cap).
     for gpu in ("V100-PCIE-32GB", "A100-PCIE-40GB"):
-        assert median(gpu, "8-32", 10.0, np.inf) > median(gpu, "8-32", 0.3, 1.0) + 0.15
+        assert median_8_to_32_waves(gpu, 10.0, np.inf) > median_8_to_32_waves(gpu, 0.3, 1.0) + 0.15
     for gpu in ("T4", "P4"):
-        assert median(gpu, "8-32", 10.0, np.inf) < median(gpu, "8-32", 0.3, 1.0) - 0.05
+        assert median_8_to_32_waves(gpu, 10.0, np.inf) < median_8_to_32_waves(gpu, 0.3, 1.0) - 0.05
 
 
 # ---- per-chip corrections ------------------------------------------------------

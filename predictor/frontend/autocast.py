@@ -49,6 +49,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from predictor.errors import InvalidArgumentError
 
@@ -327,12 +328,11 @@ def _lstm_layers(args: tuple, kwargs: dict):
     ``mkldnn_impl``): time-major contiguous input, the layers in turn, the
     directions concatenated, dropout between layers (one fused kernel, as CUDA
     runs it), the final states stacked. The same graph on every CPU."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     v = {**dict(zip(_LSTM_ARGS, args)), **kwargs}
     x, hx, params = v["input"], list(v["hx"]), list(v["params"])
     layers, dirs = int(v["num_layers"]), 2 if v["bidirectional"] else 1
     biases, train, batch_first = bool(v["has_biases"]), bool(v["train"]), bool(v["batch_first"])
+    p = float(v["dropout"])
     per = 4 if biases else 2
     tensors = [x, *hx, *params]
     if len(hx) != 2 or len(params) != layers * dirs * per \
@@ -358,7 +358,6 @@ def _lstm_layers(args: tuple, kwargs: dict):
             hy.append(h)
             cy.append(c)
         x = outs[0] if dirs == 1 else torch.cat(outs, -1)
-        p = float(v["dropout"])
         if train and 0.0 < p < 1.0 and layer < layers - 1:
             x = torch.ops.aten.native_dropout(x, p, True)[0]
     if batch_first:
