@@ -93,18 +93,17 @@ def load(data: Path, op: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def predicted_tiles(rows: pd.DataFrame, op: str) -> tuple[np.ndarray, np.ndarray]:
-    """The project's tile rule for every row on its own GPU."""
-    from predictor.tiles import predict_tile
+    """The project's tile rule (``predictor.tiles``) for every row on its own GPU."""
+    from predictor.kernels.tiles import CANDIDATES, choose_tiles
+    from predictor.tiles import cc_major, shipped_params
 
-    tm = np.empty(len(rows), dtype=np.int64)
-    tn = np.empty(len(rows), dtype=np.int64)
-    specs = {g: hardware.get(g).spec for g in rows["gpu"].unique()}
-    for i, (g, bt, m, n, k) in enumerate(zip(rows["gpu"], rows["bt"], rows["m"], rows["n"],
-                                            rows["k"])):
-        s = specs[g]
-        tm[i], tn[i] = predict_tile(s.get("compute_capability"), int(s["sms"]), int(bt),
-                                    int(m), int(n), int(k), op == "linear")
-    return tm, tn
+    spec = {g: hardware.get(g).spec for g in rows["gpu"].unique()}
+    cc = rows["gpu"].map(lambda g: cc_major(spec[g].get("compute_capability"))).to_numpy(np.int64)
+    sms = rows["gpu"].map(lambda g: int(spec[g]["sms"])).to_numpy(np.int64)
+    bt, m, n, k = (rows[c].to_numpy(np.int64) for c in ("bt", "m", "n", "k"))
+    chosen = choose_tiles(shipped_params(), cc, sms, bt, m, n, k,
+                          np.full(len(rows), op == "linear"), True)
+    return CANDIDATES[chosen, 0].astype(np.int64), CANDIDATES[chosen, 1].astype(np.int64)
 
 
 # -------------------------------------------------------------- features ---
@@ -137,8 +136,10 @@ def features(rows: pd.DataFrame, tile_m: np.ndarray, tile_n: np.ndarray, inputs=
 # ----------------------------------------------------------------- model ---
 
 def fit(x: np.ndarray, waves: np.ndarray, t_wave: np.ndarray, ms: np.ndarray, *,
-        seed: int = 0, epochs: int = 40):
-    """Train the utilisation MLP; returns predict(x, waves, t_wave) -> ms."""
+        seed: int = 0, epochs: int = 40, head: str = "waves"):
+    """Train the utilisation MLP; returns predict(x, waves, t_wave) -> ms.
+    `head`: "waves", NeuSight's ``gamma - alpha / waves``; "sigmoid", one
+    sigmoid output as the utilisation (the project's own head)."""
     import torch
 
     torch.set_num_threads(1)  # a small network: threads only contend
@@ -155,7 +156,8 @@ def fit(x: np.ndarray, waves: np.ndarray, t_wave: np.ndarray, ms: np.ndarray, *,
 
     def log_inverse_util(z, w):
         a, g = torch.sigmoid(net(z)).unbind(-1)
-        return -torch.log(torch.clamp(g - a / w, min=MIN_UTILISATION))
+        util = g if head == "sigmoid" else g - a / w
+        return -torch.log(torch.clamp(util, min=MIN_UTILISATION))
 
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
@@ -209,7 +211,7 @@ def ours(data: Path, cache: Path, log=print) -> dict[tuple[str, str], float]:
 # ------------------------------------------------------------------ main ---
 
 def run(data: Path, tiles: str, seed: int, epochs: int, inputs=INPUTS, rows_of: str = "test",
-        log=print) -> pd.DataFrame:
+        head: str = "waves", log=print) -> pd.DataFrame:
     """MAPE per op and held-out GPU on its `rows_of` rows ("test": the test
     split; "train": its training files, the rows features are chosen on)."""
     rows = []
@@ -228,7 +230,7 @@ def run(data: Path, tiles: str, seed: int, epochs: int, inputs=INPUTS, rows_of: 
                 continue
             x, w, tw = features(fit_on, fit_on["tile_m"].to_numpy(), fit_on["tile_n"].to_numpy(),
                                 inputs)
-            predict = fit(x, w, tw, fit_on["ms"].to_numpy(), seed=seed, epochs=epochs)
+            predict = fit(x, w, tw, fit_on["ms"].to_numpy(), seed=seed, epochs=epochs, head=head)
             x2, w2, tw2 = features(ev, ev["tile_m"].to_numpy(), ev["tile_n"].to_numpy(), inputs)
             err = mape(predict(x2, w2, tw2), ev["ms"].to_numpy())
             rows.append({"op": op, "held_out": held, "rows": len(ev), "neusight_method": err})
@@ -262,6 +264,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--inputs", default=",".join(INPUTS),
                     help=f"comma-separated per-SM inputs of {', '.join(INPUTS)} (default: all)")
+    ap.add_argument("--head", choices=("waves", "sigmoid"), default="waves",
+                    help="utilisation: NeuSight's gamma - alpha / waves (default) or one sigmoid")
     ap.add_argument("--rows", choices=("test", "train"), default="test",
                     help="score the held-out GPU's test split (default) or its training files "
                          "(the rows the project chooses features on)")
@@ -277,12 +281,12 @@ def main(argv=None) -> int:
     if unknown or not inputs:
         print(f"error: --inputs takes names of {', '.join(INPUTS)}; got {args.inputs!r}")
         return 2
-    df = run(args.data, args.tiles, args.seed, args.epochs, inputs, args.rows)
+    df = run(args.data, args.tiles, args.seed, args.epochs, inputs, args.rows, args.head)
     if args.models_cache is not None and args.rows == "test":
         mine = ours(args.data, args.models_cache)
         df["project"] = [mine.get((o, h), np.nan) for o, h in zip(df["op"], df["held_out"])]
     print(f"\nMAPE % on the held-out GPU's {args.rows} rows (tiles: {args.tiles}, inputs: "
-          f"{', '.join(inputs)}, seed {args.seed})\n")
+          f"{', '.join(inputs)}, head: {args.head}, seed {args.seed})\n")
     print(table(df))
     return 0
 
