@@ -102,6 +102,11 @@ CANDIDATES = {
     # The last wave's fullness under the tile the kernel name records (an
     # oracle: how much knowing the tile could give at best).
     "truetile": lambda s: tiles_bench.predicted_tile_columns(s, truth=True)[0],
+    # NeuSight's per-SM inputs for batched GEMMs under the predicted tile
+    # (benchmarks/neusight_method.py): one tile's compute and bytes time on one
+    # SM, log2 us (0 for other rows).
+    "smtilec": lambda s: tiles_bench.per_sm_tile_columns(s)[0],
+    "smtileb": lambda s: tiles_bench.per_sm_tile_columns(s)[1],
 }
 
 

@@ -15,7 +15,9 @@ predictor gets there"), not from NeuSight's code:
   ceil(M / tile_m) x ceil(N / tile_n)``, ``waves = ceil(tiles / SMs)``. The
   tile is the one the kernel name records (``--tiles names``, the held-out
   GPU's own choice: an oracle no unseen GPU has) or the project's tile rule
-  (``--tiles predicted``, ``predictor.tiles.predict_tile``).
+  fitted without the held-out GPU (``--tiles predicted``,
+  ``benchmarks.tiles``: what the shipped rule does for a GPU outside its
+  data).
 - **Per-SM inputs**, log2: the tile's FLOPs over the per-SM fp32 peak, its
   bytes (A and B panels and the C tile, fp32) over the per-SM DRAM
   bandwidth, and ``waves x tile bytes`` over the per-SM memory and the per-SM
@@ -92,18 +94,30 @@ def load(data: Path, op: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return train, test
 
 
-def predicted_tiles(rows: pd.DataFrame, op: str) -> tuple[np.ndarray, np.ndarray]:
-    """The project's tile rule (``predictor.tiles``) for every row on its own GPU."""
+def predicted_tiles(rows: pd.DataFrame, op: str, params: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The tile rule `params` (``predictor.kernels.tiles``) for every row on its
+    own GPU."""
     from predictor.kernels.tiles import CANDIDATES, choose_tiles
-    from predictor.tiles import cc_major, shipped_params
+    from predictor.tiles import cc_major
 
     spec = {g: hardware.get(g).spec for g in rows["gpu"].unique()}
     cc = rows["gpu"].map(lambda g: cc_major(spec[g].get("compute_capability"))).to_numpy(np.int64)
     sms = rows["gpu"].map(lambda g: int(spec[g]["sms"])).to_numpy(np.int64)
     bt, m, n, k = (rows[c].to_numpy(np.int64) for c in ("bt", "m", "n", "k"))
-    chosen = choose_tiles(shipped_params(), cc, sms, bt, m, n, k,
-                          np.full(len(rows), op == "linear"), True)
+    chosen = choose_tiles(params, cc, sms, bt, m, n, k, np.full(len(rows), op == "linear"), True)
     return CANDIDATES[chosen, 0].astype(np.int64), CANDIDATES[chosen, 1].astype(np.int64)
+
+
+def rule_without(data: Path, held: str) -> np.ndarray:
+    """The tile rule fitted on the training files of every GPU but `held` (a
+    held-out GPU's kernel choices are as unseen as its times; where no other
+    GPU shares its architecture the rule falls back to its analytical
+    choice)."""
+    from benchmarks import tiles as tiles_bench
+
+    tiles_bench.DATA[0] = Path(data)
+    return tiles_bench._rule_without((held,))
 
 
 # -------------------------------------------------------------- features ---
@@ -219,15 +233,15 @@ def run(data: Path, tiles: str, seed: int, epochs: int, inputs=INPUTS, rows_of: 
         train, test = load(data, op)
         if rows_of == "train":
             test = train
-        if tiles == "predicted":
-            test = test.copy()
-            test["tile_m"], test["tile_n"] = predicted_tiles(test, op)
         for held in sorted(set(train["gpu"])):
             t0 = time.perf_counter()
             fit_on = train[train["gpu"] != held]
             ev = test[test["gpu"] == held]
             if ev.empty:
                 continue
+            if tiles == "predicted":
+                ev = ev.copy()
+                ev["tile_m"], ev["tile_n"] = predicted_tiles(ev, op, rule_without(data, held))
             x, w, tw = features(fit_on, fit_on["tile_m"].to_numpy(), fit_on["tile_n"].to_numpy(),
                                 inputs)
             predict = fit(x, w, tw, fit_on["ms"].to_numpy(), seed=seed, epochs=epochs, head=head)

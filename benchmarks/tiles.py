@@ -148,6 +148,37 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     return util, inv, lw
 
 
+def per_sm_tile_columns(s) -> tuple[np.ndarray, np.ndarray]:
+    """NeuSight's per-SM inputs for the batched GEMM rows of OpSamples `s`
+    under the predicted tile (the rule fitted leave-one-GPU-out, as
+    `predicted_tile_columns`), log2 us: one tile's FLOPs over the per-SM fp32
+    peak, and its fp32 bytes (A and B panels, C tile) over the per-SM DRAM
+    bandwidth. 0 for every other row (unbatched GEMMs keep their features)."""
+    gpus = sorted(set(s.gpu))
+    every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
+    held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
+    params = _rule_without(held)
+    comp = np.zeros(len(s))
+    mem = np.zeros(len(s))
+    mm = np.flatnonzero((s.family == L.MATMUL) & (s.dims[:, 0] > 1))
+    if mm.size == 0:
+        return comp, mem
+    d = s.dims[mm]
+    spec = {g: hardware.get(g).spec for g in gpus}
+    cc = np.array([C.cc_major(g) for g in s.gpu[mm]], dtype=np.int64)
+    sms = np.array([int(spec[g]["sms"]) for g in s.gpu[mm]], dtype=np.int64)
+    peak = np.array([float(spec[g]["fp32_tflops"]) * 1e12 for g in s.gpu[mm]])
+    bw = np.array([float(spec[g]["memory_bw_gbs"]) * 1e9 for g in s.gpu[mm]])
+    b_t = ((d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
+    c = T.choose_tiles(params, cc, sms, d[:, 0], d[:, 1], d[:, 2], d[:, 3], b_t, True)
+    tm = T.CANDIDATES[c, 0].astype(np.float64)
+    tn = T.CANDIDATES[c, 1].astype(np.float64)
+    k = d[:, 3].astype(np.float64)
+    comp[mm] = np.log2(2.0 * tm * tn * k / (peak / sms) * 1e6)
+    mem[mm] = np.log2(4.0 * (tm * k + tn * k + tm * tn) / (bw / sms) * 1e6)
+    return comp, mem
+
+
 @njit(cache=True)
 def _tiles_and_slots(sms, bt, m, n, cand):
     tiles = np.empty(m.shape[0])

@@ -68,3 +68,33 @@ def test_gemm_files_are_read_as_the_datasets_read_them(tmp_path):
 def test_missing_data_is_one_line(tmp_path, capsys):
     assert N.main(["--data", str(tmp_path)]) == 2
     assert "no NeuSight training data" in capsys.readouterr().out
+
+
+def test_a_rule_without_the_gpus_architecture_falls_back_to_the_analytical_tile():
+    from predictor.kernels.tiles import CANDIDATES, fallback_tile
+
+    rows = _rows("A100-PCIE-40GB", [1, 8], [4096, 512], [4096, 64], [1024, 512])
+    tm, tn = N.predicted_tiles(rows, "bmm", np.zeros(0))
+    sms = int(hardware.get("A100-PCIE-40GB").spec["sms"])
+    for i in range(len(rows)):
+        c = fallback_tile(sms, int(rows["bt"][i]), int(rows["m"][i]), int(rows["n"][i]))
+        assert (tm[i], tn[i]) == (CANDIDATES[c, 0], CANDIDATES[c, 1])
+
+
+def test_per_sm_tile_columns_are_set_for_batched_gemms_only(data_dir):
+    """feature_selection's smtilec / smtileb candidates (benchmarks/tiles.py)."""
+    from benchmarks import tiles as tiles_bench
+    from predictor.calibration import datasets as D
+
+    tiles_bench.DATA[0] = data_dir
+    s = D.load_train(data_dir, ops=("linear", "bmm", "add"))
+    s = s.subset((s.gpu == "T4") & (np.arange(len(s)) % 97 == 0))
+    comp, mem = tiles_bench.per_sm_tile_columns(s)
+    batched = (s.op == "bmm") & (s.dims[:, 0] > 1)
+    assert batched.any() and (~batched).any()
+    assert np.all(comp[~batched] == 0) and np.all(mem[~batched] == 0)
+    assert np.all(np.isfinite(comp[batched])) and np.all(np.isfinite(mem[batched]))
+    # A tile of 32 x 32 or more over K >= 1 moves at least 4 KiB per SM.
+    spec = hardware.get("T4").spec
+    per_sm_bw = spec["memory_bw_gbs"] * 1e9 / spec["sms"]
+    assert np.all(mem[batched] >= np.log2(4096 / per_sm_bw * 1e6) - 1e-9)
