@@ -117,7 +117,7 @@ def rule_without(data: Path, held: str) -> np.ndarray:
     from benchmarks import tiles as tiles_bench
 
     tiles_bench.DATA[0] = Path(data)
-    return tiles_bench._rule_without((held,))
+    return tiles_bench.rule_without((held,))
 
 
 # -------------------------------------------------------------- features ---

@@ -81,7 +81,7 @@ DATA = [Path("../shared/data/neusight")]
 _RULES: dict[tuple, np.ndarray] = {}
 
 
-def _rule_without(held: tuple) -> np.ndarray:
+def rule_without(held: tuple) -> np.ndarray:
     """The tile rule fitted on the training files without the GPUs `held`."""
     if held not in _RULES:
         s = C.load(DATA[0])
@@ -122,7 +122,7 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     gpus = sorted(set(s.gpu))
     every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
     held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
-    params = _rule_without(held)
+    params = rule_without(held)
     util = np.zeros(len(s))
     inv = np.zeros(len(s))
     lw = np.zeros(len(s))
@@ -157,7 +157,7 @@ def per_sm_tile_columns(s) -> tuple[np.ndarray, np.ndarray]:
     gpus = sorted(set(s.gpu))
     every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
     held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
-    params = _rule_without(held)
+    params = rule_without(held)
     comp = np.zeros(len(s))
     mem = np.zeros(len(s))
     mm = np.flatnonzero((s.family == L.MATMUL) & (s.dims[:, 0] > 1))
