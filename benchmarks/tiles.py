@@ -111,6 +111,15 @@ def _true_tiles() -> dict:
     return _TRUE[key]
 
 
+def _rule_for(gpus: list[str]) -> np.ndarray:
+    """The tile rule for samples of `gpus` as feature_selection holds GPUs
+    out: samples of one GPU get a rule fitted without it, samples of four of
+    the five training GPUs one fitted without the fifth."""
+    every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
+    held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
+    return rule_without(held)
+
+
 def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(wave utilisation, 1 / waves, log2 waves capped at 4) under the
     predicted tile of every matmul row of OpSamples `s` (0 elsewhere), the rule
@@ -120,9 +129,7 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     the kernel name records where the sample is a measured shape (an oracle
     no prediction has; the rule's tile for the doubled and probe shapes)."""
     gpus = sorted(set(s.gpu))
-    every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
-    held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
-    params = rule_without(held)
+    params = _rule_for(gpus)
     util = np.zeros(len(s))
     inv = np.zeros(len(s))
     lw = np.zeros(len(s))
@@ -155,9 +162,7 @@ def per_sm_tile_columns(s) -> tuple[np.ndarray, np.ndarray]:
     peak, and its fp32 bytes (A and B panels, C tile) over the per-SM DRAM
     bandwidth. 0 for every other row (unbatched GEMMs keep their features)."""
     gpus = sorted(set(s.gpu))
-    every = sorted(set(_true_tiles_gpus())) if len(gpus) > 1 else gpus
-    held = tuple(gpus) if len(gpus) == 1 else tuple(g for g in every if g not in gpus)
-    params = rule_without(held)
+    params = _rule_for(gpus)
     comp = np.zeros(len(s))
     mem = np.zeros(len(s))
     mm = np.flatnonzero((s.family == L.MATMUL) & (s.dims[:, 0] > 1))
