@@ -47,14 +47,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks import tiles as tiles_bench
 from predictor import hardware
-from predictor.kernels.tiles import parse_kernel_names
+from predictor.kernels.tiles import CANDIDATES, choose_tiles, parse_kernel_names
+from predictor.tiles import cc_major
 
 DEFAULT_DATA = Path(os.environ.get("PREDICTOR_DATA", Path(__file__).resolve().parents[2]
                                    / "shared" / "data" / "neusight"))
 OPS = ("linear", "bmm")
 EXCLUDED_FROM_MEAN = ("P4",)  # the targets' mean leaves out the power-throttled P4
-FP32_BYTES = 4.0
 MIN_UTILISATION = 0.01
 # The per-SM inputs, in the order `features` computes them.
 INPUTS = ("compute", "bytes", "memory", "l2", "waves")
@@ -98,9 +99,6 @@ def predicted_tiles(rows: pd.DataFrame, op: str, params: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The tile rule `params` (``predictor.kernels.tiles``) for every row on its
     own GPU."""
-    from predictor.kernels.tiles import CANDIDATES, choose_tiles
-    from predictor.tiles import cc_major
-
     spec = {g: hardware.get(g).spec for g in rows["gpu"].unique()}
     cc = rows["gpu"].map(lambda g: cc_major(spec[g].get("compute_capability"))).to_numpy(np.int64)
     sms = rows["gpu"].map(lambda g: int(spec[g]["sms"])).to_numpy(np.int64)
@@ -114,8 +112,6 @@ def rule_without(data: Path, held: str) -> np.ndarray:
     held-out GPU's kernel choices are as unseen as its times; where no other
     GPU shares its architecture the rule falls back to its analytical
     choice)."""
-    from benchmarks import tiles as tiles_bench
-
     tiles_bench.DATA[0] = Path(data)
     return tiles_bench.rule_without((held,))
 
@@ -138,8 +134,7 @@ def features(rows: pd.DataFrame, tile_m: np.ndarray, tile_n: np.ndarray, inputs=
     bt, m, n, k = (rows[c].to_numpy(np.float64) for c in ("bt", "m", "n", "k"))
     tiles = bt * np.ceil(m / tm) * np.ceil(n / tn)
     waves = np.ceil(tiles / sms)
-    tile_flops = 2.0 * tm * tn * k
-    tile_bytes = FP32_BYTES * (tm * k + tn * k + tm * tn)
+    tile_flops, tile_bytes = tiles_bench.tile_work(tm, tn, k)
     t_c, t_m = tile_flops / peak_sm, tile_bytes / bw_sm
     x = np.log2(np.stack([t_c * 1e6, t_m * 1e6, waves * tile_bytes / mem_sm,
                           waves * tile_bytes / l2_sm, waves], axis=1))

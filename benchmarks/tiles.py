@@ -137,12 +137,7 @@ def predicted_tile_columns(s, truth: bool = False) -> tuple[np.ndarray, np.ndarr
     if mm.size == 0:
         return util, inv, lw
     d = s.dims[mm]
-    ccs = {g: C.cc_major(g) for g in gpus}
-    smss = {g: int(hardware.get(g).spec["sms"]) for g in gpus}
-    cc = np.array([ccs[g] for g in s.gpu[mm]], dtype=np.int64)
-    sms = np.array([smss[g] for g in s.gpu[mm]], dtype=np.int64)
-    b_t = ((d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
-    c = T.choose_tiles(params, cc, sms, d[:, 0], d[:, 1], d[:, 2], d[:, 3], b_t, True)
+    c, sms, b_t = _chosen_tiles(s, mm, params)
     if truth:
         known = _true_tiles()
         c = np.array([known.get((g, int(b), int(r[0]), int(r[1]), int(r[2]), int(r[3])), ci)
@@ -168,20 +163,35 @@ def per_sm_tile_columns(s) -> tuple[np.ndarray, np.ndarray]:
     mm = np.flatnonzero((s.family == L.MATMUL) & (s.dims[:, 0] > 1))
     if mm.size == 0:
         return comp, mem
-    d = s.dims[mm]
+    c, sms, _ = _chosen_tiles(s, mm, params)
     spec = {g: hardware.get(g).spec for g in gpus}
-    cc = np.array([C.cc_major(g) for g in s.gpu[mm]], dtype=np.int64)
-    sms = np.array([int(spec[g]["sms"]) for g in s.gpu[mm]], dtype=np.int64)
     peak = np.array([float(spec[g]["fp32_tflops"]) * 1e12 for g in s.gpu[mm]])
     bw = np.array([float(spec[g]["memory_bw_gbs"]) * 1e9 for g in s.gpu[mm]])
+    flops, nbytes = tile_work(T.CANDIDATES[c, 0], T.CANDIDATES[c, 1], s.dims[mm, 3])
+    comp[mm] = np.log2(flops / (peak / sms) * 1e6)
+    mem[mm] = np.log2(nbytes / (bw / sms) * 1e6)
+    return comp, mem
+
+
+def tile_work(tile_m, tile_n, k) -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs, bytes) of one fp32 GEMM tile of `tile_m` x `tile_n` outputs
+    over a reduction of `k`: its A and B panels read, its C tile written."""
+    tm, tn, kk = (np.asarray(v, dtype=np.float64) for v in (tile_m, tile_n, k))
+    return 2.0 * tm * tn * kk, 4.0 * (tm * kk + tn * kk + tm * tn)
+
+
+def _chosen_tiles(s, rows: np.ndarray, params: np.ndarray):
+    """(candidate index, SM count, B-transposed flag) of the matmul `rows` of
+    OpSamples `s` under the tile rule `params`, each on its own GPU."""
+    d = s.dims[rows]
+    gpus = sorted(set(s.gpu[rows]))
+    ccs = {g: C.cc_major(g) for g in gpus}
+    smss = {g: int(hardware.get(g).spec["sms"]) for g in gpus}
+    cc = np.array([ccs[g] for g in s.gpu[rows]], dtype=np.int64)
+    sms = np.array([smss[g] for g in s.gpu[rows]], dtype=np.int64)
     b_t = ((d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
     c = T.choose_tiles(params, cc, sms, d[:, 0], d[:, 1], d[:, 2], d[:, 3], b_t, True)
-    tm = T.CANDIDATES[c, 0].astype(np.float64)
-    tn = T.CANDIDATES[c, 1].astype(np.float64)
-    k = d[:, 3].astype(np.float64)
-    comp[mm] = np.log2(2.0 * tm * tn * k / (peak / sms) * 1e6)
-    mem[mm] = np.log2(4.0 * (tm * k + tn * k + tm * tn) / (bw / sms) * 1e6)
-    return comp, mem
+    return c, sms, b_t
 
 
 @njit(cache=True)
