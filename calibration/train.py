@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from predictor import hardware
+from predictor.opmodel import MAX_CHIP_CORRECTION
 from predictor.calibration.datasets import OpSamples, load_train
 from predictor.kernels import layout as L
 from predictor.kernels.features import (G_CONV, G_MATMUL, GROUP_NAMES, N_FEATURES, N_GROUPS,
@@ -426,8 +428,17 @@ def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[floa
             sel = (group == g) & (chip == c) & (meas_us > 2 * floor) & (pred_us > floor)
             if sel.sum() < MIN_CHIP_SAMPLES:
                 continue
-            r = np.log((meas_us[sel] - floor) / (pred_us[sel] - floor))
-            out.setdefault(g, {})[float(c)] = float(np.median(r))
+            r = float(np.median(np.log((meas_us[sel] - floor) / (pred_us[sel] - floor))))
+            if abs(r) > MAX_CHIP_CORRECTION:
+                # The weights file holds corrections up to this bound (beyond it a
+                # file is read as damaged): a network this far off a chip is said,
+                # and the chip keeps the largest correction the file can hold.
+                names = ", ".join(i for i, k in zip(ids, gpus[:, L.G_CHIP]) if k == c)
+                warnings.warn(f"{GROUP_NAMES[g]} op model: measured times on {names} are "
+                              f"{np.exp(r):.3g}x its prediction; correction capped at "
+                              f"{np.exp(MAX_CHIP_CORRECTION):g}x")
+                r = float(np.clip(r, -MAX_CHIP_CORRECTION, MAX_CHIP_CORRECTION))
+            out.setdefault(g, {})[float(c)] = r
     return with_other_chips(out)
 
 

@@ -462,6 +462,36 @@ def test_damaged_chip_corrections_are_refused():
     assert "past the end" in opmodel.layout_problem(w)
 
 
+@needs_weights
+def test_a_chip_far_off_its_networks_gets_the_largest_correction_the_file_holds():
+    """Measured times far off the networks (a CPU measured as a GPU, a broken
+    run) are said, and the correction is capped so that the weights file
+    written with it is read back rather than refused as damaged."""
+    from predictor.calibration import datasets as D
+    from predictor.calibration import train as T
+    from predictor.kernels.features import G_MATMUL
+
+    mlp = _without_corrections(opmodel.weights())
+    rng = np.random.default_rng(0)
+    n = 2 * T.MIN_CHIP_SAMPLES
+    dims = np.zeros((n, L.MAX_DIMS), dtype=np.int64)
+    dims[:, :4] = np.c_[np.ones(n), rng.integers(256, 4096, (n, 3))]
+    fam = np.full(n, L.MATMUL, dtype=np.int64)
+    gpu = np.full(n, "T4", dtype=object)
+    pred_ms = predict_rows(fam, dims, "T4", mlp=mlp, params=T.training_params())
+    for factor, expected in ((20.0, math.log(4.0)), (1 / 20, -math.log(4.0)), (1.3, math.log(1.3))):
+        s = D.OpSamples(np.full(n, "bmm", dtype=object), fam, dims, gpu, factor * pred_ms)
+        if expected == math.log(1.3):
+            corr = T.chip_corrections(s, mlp)
+        else:
+            with pytest.warns(UserWarning, match=r"matmul op model: measured times on T4 .*capped at 4x"):
+                corr = T.chip_corrections(s, mlp)
+        chip = hardware.get("T4").features[L.G_CHIP]
+        assert corr[G_MATMUL][chip] == pytest.approx(expected, abs=0.05)
+        w = _with_correction(mlp, G_MATMUL, chip, corr[G_MATMUL][chip])
+        assert opmodel.layout_problem(w) is None
+
+
 def test_chip_corrections_generalise_within_a_gpu(data_dir):
     """Corrections measured on one half of each GPU's training kernels bring
     the other half's V100 GEMMs closer (the V100 is the chip the networks fit
