@@ -220,11 +220,11 @@ def ours(data: Path, cache: Path, log=print) -> dict[tuple[str, str], float]:
 # ------------------------------------------------------------------ main ---
 
 def run(data: Path, tiles: str, seed: int, epochs: int, inputs=INPUTS, rows_of: str = "test",
-        head: str = "waves", log=print) -> pd.DataFrame:
+        head: str = "waves", log=print, ops=OPS) -> pd.DataFrame:
     """MAPE per op and held-out GPU on its `rows_of` rows ("test": the test
     split; "train": its training files, the rows features are chosen on)."""
     rows = []
-    for op in OPS:
+    for op in ops:
         train, test = load(data, op)
         if rows_of == "train":
             test = train
@@ -237,6 +237,10 @@ def run(data: Path, tiles: str, seed: int, epochs: int, inputs=INPUTS, rows_of: 
             if tiles == "predicted":
                 ev = ev.copy()
                 ev["tile_m"], ev["tile_n"] = predicted_tiles(ev, op, rule_without(data, held))
+            elif tiles == "fallback":  # training and test rows alike, no rule fitted
+                ev, fit_on = ev.copy(), fit_on.copy()
+                for df in (ev, fit_on):
+                    df["tile_m"], df["tile_n"] = predicted_tiles(df, op, np.zeros(0))
             x, w, tw = features(fit_on, fit_on["tile_m"].to_numpy(), fit_on["tile_n"].to_numpy(),
                                 inputs)
             predict = fit(x, w, tw, fit_on["ms"].to_numpy(), seed=seed, epochs=epochs, head=head)
@@ -266,9 +270,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
                     help="NeuSight data folder (train/, test/); default ../shared/data/neusight")
-    ap.add_argument("--tiles", choices=("names", "predicted"), default="predicted",
-                    help="test rows' tiles: the project's tile rule (default) or the held-out "
-                         "GPU's own kernel names (an oracle)")
+    ap.add_argument("--tiles", choices=("names", "predicted", "fallback"), default="predicted",
+                    help="test rows' tiles: the project's tile rule (default), the held-out "
+                         "GPU's own kernel names (an oracle), or the rule's analytical "
+                         "fallback for training and test rows alike (no kernel names used)")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated ops of linear, bmm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--inputs", default=",".join(INPUTS),
@@ -290,7 +296,12 @@ def main(argv=None) -> int:
     if unknown or not inputs:
         print(f"error: --inputs takes names of {', '.join(INPUTS)}; got {args.inputs!r}")
         return 2
-    df = run(args.data, args.tiles, args.seed, args.epochs, inputs, args.rows, args.head)
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    if not ops or any(o not in OPS for o in ops):
+        print(f"error: --ops takes names of {', '.join(OPS)}; got {args.ops!r}")
+        return 2
+    df = run(args.data, args.tiles, args.seed, args.epochs, inputs, args.rows, args.head,
+             ops=ops)
     if args.models_cache is not None and args.rows == "test":
         mine = ours(args.data, args.models_cache)
         df["project"] = [mine.get((o, h), np.nan) for o, h in zip(df["op"], df["held_out"])]

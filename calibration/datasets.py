@@ -17,6 +17,7 @@ import pandas as pd
 from predictor import hardware
 from predictor.errors import InvalidArgumentError, UnknownGPUError
 from predictor.kernels import layout as L
+from predictor.kernels import tiles as T
 
 BINARY = ("add", "mul", "div", "pow")
 UNARY = ("addu", "mulu", "divu", "powu", "relu", "tanh", "gelu")
@@ -34,18 +35,26 @@ class OpSamples:
     dims: np.ndarray      # int64[n, MAX_DIMS]
     gpu: np.ndarray       # object[n] spec id
     latency_ms: np.ndarray
+    # int64[n]: a GEMM's output tile as its kernel name records it (an index
+    # into kernels.tiles.CANDIDATES), -1 where none is known; the GEMM tile
+    # rule of the batched-GEMM model is fitted on these (calibration.tiles).
+    tile: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.tile is None:
+            self.tile = np.full(len(self.op), -1, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.op)
 
     def subset(self, mask: np.ndarray) -> "OpSamples":
         return OpSamples(self.op[mask], self.family[mask], self.dims[mask], self.gpu[mask],
-                         self.latency_ms[mask])
+                         self.latency_ms[mask], self.tile[mask])
 
     @staticmethod
     def concat(parts: list["OpSamples"]) -> "OpSamples":
         return OpSamples(*(np.concatenate([getattr(p, f) for p in parts])
-                           for f in ("op", "family", "dims", "gpu", "latency_ms")))
+                           for f in ("op", "family", "dims", "gpu", "latency_ms", "tile")))
 
 
 def _rows(op: str, df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -101,8 +110,12 @@ def _from_frame(op: str, df: pd.DataFrame) -> OpSamples:
     gpu = df["Device"].map(ids).to_numpy(object)
     lat = df["Latency"].to_numpy(np.float64)
     keep = np.isfinite(lat) & (lat > 0)
+    tile = np.full(len(df), -1, dtype=np.int64)
+    if op in ("linear", "bmm") and "Kernel Name" in df:
+        parsed = T.parse_kernel_names(df["Kernel Name"].astype(str))
+        tile = T.candidate_index(parsed[:, 0], parsed[:, 1])
     return OpSamples(np.full(len(df), op, dtype=object)[keep], fam[keep], dims[keep], gpu[keep],
-                     lat[keep])
+                     lat[keep], tile[keep])
 
 
 def _check(data: Path) -> Path:

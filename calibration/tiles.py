@@ -93,6 +93,28 @@ def load(data: str | Path, ops=("linear", "bmm")) -> TileSamples:
     return TileSamples(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
 
 
+
+def from_samples(samples: D.OpSamples) -> TileSamples:
+    """The GEMMs of measured ops (``datasets.OpSamples``) whose kernel named
+    its tile, as TileSamples: what the batched-GEMM model's tile rule is
+    fitted on, so that a model trained without a GPU's measurements has a
+    rule that never saw that GPU's kernels either."""
+    from predictor.kernels import layout as L
+
+    s = samples.subset((samples.family == L.MATMUL) & (samples.tile >= 0))
+    gpus = sorted(set(s.gpu))
+    cc = {g: cc_major(g) for g in gpus}
+    sms = {g: int(hardware.get(g).spec["sms"]) for g in gpus}
+    b_t = ((s.dims[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
+    cand = s.tile.astype(np.int64)
+    return TileSamples(
+        op=np.where(b_t == 1, "linear", "bmm").astype(object), gpu=s.gpu,
+        cc_major=np.array([cc[g] for g in s.gpu], dtype=np.int64),
+        sms=np.array([sms[g] for g in s.gpu], dtype=np.int64),
+        bt=s.dims[:, 0], m=s.dims[:, 1], n=s.dims[:, 2], k=s.dims[:, 3], b_t=b_t,
+        tile_m=T.CANDIDATES[cand, 0], tile_n=T.CANDIDATES[cand, 1], cand=cand,
+        split=np.ones(len(s), dtype=np.int64))
+
 def fit(s: TileSamples, *, iters: int = 300) -> np.ndarray:
     """Fit the flat parameter array of `tiles.choose_tile` on samples whose
     tile is a candidate."""

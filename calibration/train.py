@@ -25,6 +25,7 @@ only the flat weight array and the numba forward pass in
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -39,10 +40,11 @@ from predictor import hardware
 from predictor.opmodel import MAX_CHIP_CORRECTION
 from predictor.calibration.datasets import OpSamples, load_train
 from predictor.kernels import layout as L
-from predictor.kernels.features import (G_CONV, G_MATMUL, GROUP_NAMES, N_FEATURES, N_GROUPS,
-                                        feature_table, group_of, improvement_directions,
-                                        shift_features)
-from predictor.kernels.mlp import OTHER_CHIPS, HEADER, chip_correction, floor_us, layer_offsets
+from predictor.kernels.features import (G_BMM, G_CONV, G_MATMUL, GROUP_NAMES, N_FEATURES,
+                                        N_GROUPS, feature_table, group_of,
+                                        improvement_directions, shift_features)
+from predictor.kernels.mlp import (OTHER_CHIPS, HEADER, chip_correction, floor_us, has_group,
+                                  layer_offsets)
 from predictor.kernels.optime import isolated_times_us
 from predictor.kernels.roofline import P_TF32_CONV, default_params
 
@@ -78,6 +80,9 @@ class GroupModel:
     layers: list  # [(W1, b1), (W2, b2), (w3, b3)]
     floor_us: float
     eta_max: float
+    # The numbers the group's features need beside the op and the GPU (packed
+    # as its auxiliary numbers): the batched-GEMM group's tile rule.
+    aux: np.ndarray | None = None
 
     def times_us(self, x: np.ndarray, ideal: np.ndarray) -> np.ndarray:
         """The isolated-op time (us) of feature rows `x` with ideal times
@@ -108,17 +113,32 @@ class GroupModel:
         return out
 
 
-def features(samples: OpSamples, params: np.ndarray | None = None):
-    """(features, ideal us, group, target us) for measured samples."""
+def features(samples: OpSamples, params: np.ndarray | None = None,
+             tiles: np.ndarray | None = None):
+    """(features, ideal us, group, target us) for measured samples; with a
+    GEMM tile rule `tiles`, batched GEMMs as the batched-GEMM group sees them
+    (``features.bmm_features``), else as the matmul group does."""
     params = training_params() if params is None else params
     ids = sorted(set(samples.gpu))
     db = hardware.database()
     gpus = db.features([db.get(i) for i in ids])
     index = np.array([ids.index(g) for g in samples.gpu], dtype=np.int64)
     dtype = np.zeros(len(samples), dtype=np.int64)
+    rule = np.zeros(0) if tiles is None else np.ascontiguousarray(tiles, dtype=np.float64)
     x, ideal, group = feature_table(samples.family.astype(np.int64), dtype,
-                                      np.ascontiguousarray(samples.dims), gpus, index, params)
+                                      np.ascontiguousarray(samples.dims), gpus, index, params,
+                                      rule, tiles is not None)
     return x, ideal, group, samples.latency_ms * 1e3
+
+
+def row_groups(samples: OpSamples, bmm: bool = True) -> np.ndarray:
+    """The group of each sample (``features.row_group``): batched GEMMs are
+    G_BMM rows where `bmm`, else G_MATMUL rows."""
+    families, index = np.unique(samples.family, return_inverse=True)
+    group = np.array([group_of(int(f)) for f in families], dtype=np.int64)[index]
+    if bmm:
+        group[(samples.family == L.MATMUL) & (samples.dims[:, 0] > 1)] = G_BMM
+    return group
 
 
 def doubled(samples: OpSamples, seed: int = 0) -> OpSamples:
@@ -383,6 +403,12 @@ def pack(models: dict[int, GroupModel],
         header[h + 6:h + 8] = (offset, len(table))
         body.append(pairs)
         offset += len(pairs)
+    for g, m in models.items():
+        if m.aux is not None and len(m.aux):
+            h = 1 + HEADER * g
+            header[h + 8:h + 10] = (offset, len(m.aux))
+            body.append(np.asarray(m.aux, dtype=np.float64))
+            offset += len(m.aux)
     return np.concatenate([header, *body]) if body else header
 
 
@@ -418,7 +444,7 @@ def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[floa
                                 np.ascontiguousarray(samples.dims), gpus, index,
                                 training_params(), mlp)
     meas_us = samples.latency_ms * 1e3
-    group = np.array([group_of(int(f)) for f in samples.family])
+    group = row_groups(samples, bmm=bool(has_group(mlp, G_BMM)))
     out: dict[int, dict[float, float]] = {}
     for g in range(N_GROUPS):
         if not len(mlp) or mlp[1 + HEADER * g] == 0:
@@ -455,22 +481,39 @@ def with_other_chips(corrections: dict[int, dict[float, float]]) -> dict[int, di
     return corrections
 
 
+def tile_rule(samples: OpSamples) -> np.ndarray:
+    """The GEMM tile rule of the batched-GEMM group, fitted on the GEMMs of
+    `samples` whose kernels named their tile (``calibration.tiles``); the
+    analytical fallback (no parameters) where none did."""
+    from predictor.calibration import tiles as C
+
+    s = C.from_samples(samples)
+    return C.fit(s) if len(s) else np.zeros(0)
+
+
 def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
           progress=None, chips: bool = True, ensemble: int = ENSEMBLE) -> np.ndarray:
     """Fit every group present in `samples`; returns the packed weights, with
     the per-chip corrections of the chips in `samples` unless `chips` is False.
     `ensemble`: networks per group before distillation (`fit_distilled`)."""
-    families, index = np.unique(samples.family, return_inverse=True)
-    group = np.array([group_of(int(f)) for f in families], dtype=np.int64)[index]
+    # The matmul network is fitted on batched GEMMs too: they are the data's
+    # only `x @ W` kernels, and it prices unbatched ones.
+    group = row_groups(samples, bmm=False)
     models = {}
     for g in range(N_GROUPS):
         if groups is not None and g not in groups:
             continue
-        mask = group == g
+        mask = (samples.family == L.MATMUL) & (samples.dims[:, 0] > 1) if g == G_BMM \
+            else group == g
         if mask.sum() < 50:
             continue
+        featurize, rule = None, None
+        if g == G_BMM:
+            rule = tile_rule(samples)
+            featurize = functools.partial(features, tiles=rule)
         models[g] = fit_distilled(g, samples.subset(mask), seed=seed, epochs=epochs,
-                                  ensemble=ensemble, progress=progress)
+                                  ensemble=ensemble, progress=progress, featurize=featurize)
+        models[g].aux = rule
     if not chips:
         return pack(models)
     return pack(models, chip_corrections(samples, pack(models)))

@@ -25,7 +25,9 @@ import numpy as np
 from numba import njit
 
 from predictor.kernels import layout as L
+from predictor.kernels.mlp import group_aux, has_group
 from predictor.kernels.roofline import block_slots, is_gemm, peak_flops, wave_utilisation
+from predictor.kernels.tiles import CANDIDATES, choose_tile, tile_count
 from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes, thread_blocks
 
 # Model groups: one small network each.
@@ -35,8 +37,13 @@ G_CONV = 1
 G_ELEMENTWISE = 2
 G_SOFTMAX = 3
 G_LAYER_NORM = 4
-N_GROUPS = 5
-GROUP_NAMES = ("matmul", "conv", "elementwise", "softmax", "layer_norm")
+# Batched GEMMs (torch.bmm, attention's Q K^T and P V): their own network on
+# NeuSight's per-SM inputs (`bmm_features`). Unbatched GEMMs stay with
+# G_MATMUL, whose network is trained on batched ones too (the data's only
+# `x @ W` kernels), so that it prices an unbatched `x @ W` from measured ones.
+G_BMM = 5
+N_GROUPS = 6
+GROUP_NAMES = ("matmul", "conv", "elementwise", "softmax", "layer_norm", "bmm")
 
 N_FEATURES = 22
 
@@ -60,6 +67,26 @@ def group_of(family):
             or family == L.UNSUPPORTED:
         return G_ELEMENTWISE
     return G_NONE
+
+
+@njit(cache=True)
+def row_group(family, d):
+    """The group a row belongs to: `group_of` its family, G_BMM for a
+    batched GEMM."""
+    if family == L.MATMUL and d[0] > 1:
+        return G_BMM
+    return group_of(family)
+
+
+@njit(cache=True)
+def serving_group(family, d, mlp):
+    """The group whose network prices a row under weights `mlp`: its
+    `row_group`, or G_MATMUL for a batched GEMM where `mlp` has no batched-GEMM
+    network (weights trained without one)."""
+    g = row_group(family, d)
+    if g == G_BMM and not has_group(mlp, G_BMM):
+        return G_MATMUL
+    return g
 
 
 @njit(cache=True)
@@ -126,6 +153,64 @@ def learned_us(family, dtype_code, d, gpu, params, eta):
     eta, but never faster than its bytes at ACHIEVABLE_DRAM of the bandwidth."""
     t_c, t_m = roofline_us(family, dtype_code, d, gpu, params)
     return max(max(t_c, t_m, 1e-6) / eta, t_m / ACHIEVABLE_DRAM)
+
+
+@njit(cache=True)
+def bmm_features(dtype_code, d, gpu, params, tiles, out):
+    """Fill `out[:N_FEATURES]` for a batched GEMM (G_BMM) on one GPU; returns
+    its ideal time (us): NeuSight's description of a GEMM as waves of
+    thread-block tiles, seen from one SM.
+
+    The tile is the one the GEMM tile rule `tiles` (``kernels.tiles``) picks
+    for this GPU's architecture and SM count; ``waves = ceil(tiles / SMs)``.
+    The inputs are log2 us: waves x one tile's FLOPs over the per-SM peak
+    (0), waves x its bytes (A and B panels, C tile) over the per-SM DRAM
+    bandwidth (1), the tile's intensity against the ridge point (2, clipped
+    at 0 as `row_features` clips it), and log2 waves (5); every other input
+    is 0. Nothing else of the shape or the GPU: with five training GPUs, the
+    whole-GPU and shape inputs let a network tell the GPUs apart, and SM by
+    SM a held-out GPU looks like the ones trained on (leave-one-GPU-out,
+    benchmarks/README.md, "NeuSight's GEMM method under this protocol").
+    The ideal time is waves x the tile's roofline time."""
+    for j in range(N_FEATURES):
+        out[j] = 0.0
+    bt, m, n, k = max(d[0], 1), max(d[1], 1), max(d[2], 1), max(d[3], 1)
+    sms = max(gpu[L.G_SMS], 1.0)
+    b_t = (int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T) != 0
+    c = choose_tile(tiles, int(gpu[L.G_CC_MAJOR]), int(sms), bt, m, n, k, b_t, True)
+    tm, tn = CANDIDATES[c, 0], CANDIDATES[c, 1]
+    waves = math.ceil(tile_count(bt, m, n, tm, tn) / sms)
+    tile_flops = 2.0 * tm * tn * k
+    tile_bytes = (tm * k + tn * k + tm * tn) * row_elem_bytes(dtype_code)
+    t_c = waves * tile_flops / (peak_flops(gpu, L.MATMUL, dtype_code, params) / sms) * 1e6
+    t_m = waves * tile_bytes / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
+    out[0] = _lg(t_c)
+    out[1] = _lg(t_m)
+    out[2] = min(out[0] - out[1], 0.0)
+    out[5] = _lg(waves)
+    return max(t_c, t_m, 1e-6)
+
+
+@njit(cache=True)
+def group_features(group, family, dtype_code, d, gpu, params, mlp, out):
+    """Fill `out[:N_FEATURES]` for a row priced by `group`'s network of
+    weights `mlp` (`serving_group`); returns the row's ideal time (us), the
+    time `learned_time_us` divides by the efficiency."""
+    if group == G_BMM:
+        return bmm_features(dtype_code, d, gpu, params, group_aux(mlp, G_BMM), out)
+    row_features(family, dtype_code, d, gpu, params, out)
+    return ideal_us(family, dtype_code, d, gpu, params)
+
+
+@njit(cache=True)
+def learned_time_us(group, family, dtype_code, d, gpu, params, ideal, eta):
+    """A row's time at learned efficiency `eta` of `group`'s network, its
+    ideal time `ideal` from `group_features`: `learned_us`, with a batched
+    GEMM's ideal the waves of its tiles."""
+    if group != G_BMM:
+        return learned_us(family, dtype_code, d, gpu, params, eta)
+    t_m = roofline_us(family, dtype_code, d, gpu, params)[1]
+    return max(ideal / eta, t_m / ACHIEVABLE_DRAM)
 
 
 @njit(cache=True)
@@ -253,14 +338,22 @@ def shift_features(x: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def feature_table(family, dtype, dims, gpus, gpu_index, params):
-    """Features and ideal times for many (row, GPU) pairs (training, accuracy)."""
+def feature_table(family, dtype, dims, gpus, gpu_index, params, tiles, bmm):
+    """Features, ideal times and groups of many (row, GPU) pairs (training,
+    accuracy). `bmm`: batched GEMMs are G_BMM rows (`bmm_features` under the
+    tile rule `tiles`); else G_MATMUL rows, as the matmul network is trained
+    on them."""
     n = family.shape[0]
     x = np.zeros((n, N_FEATURES))
     ideal = np.empty(n)
     group = np.empty(n, dtype=np.int64)
     for i in range(n):
         gpu = gpus[gpu_index[i]]
-        group[i] = row_features(family[i], dtype[i], dims[i], gpu, params, x[i])
-        ideal[i] = ideal_us(family[i], dtype[i], dims[i], gpu, params)
+        g = row_group(family[i], dims[i])
+        if g == G_BMM and bmm:
+            ideal[i] = bmm_features(dtype[i], dims[i], gpu, params, tiles, x[i])
+        else:
+            g = row_features(family[i], dtype[i], dims[i], gpu, params, x[i])
+            ideal[i] = ideal_us(family[i], dtype[i], dims[i], gpu, params)
+        group[i] = g
     return x, ideal, group

@@ -121,7 +121,11 @@ G_TC_FRACTION = 17
 # (roofline.FFMA_ISSUE_SHARE where one scheduler feeds 32 FP32 lanes, else 1;
 # set by predictor.hardware; 0 in an old row: read as 1).
 G_FFMA_ISSUE = 18
-N_GPU_FEATURES = 19
+# Compute capability major (6 Pascal, 7 Volta/Turing, 8 Ampere/Ada, 9 Hopper;
+# 0: none, e.g. AMD or a CPU): the GEMM tile rule (kernels.tiles) keys its
+# per-architecture choices on it.
+G_CC_MAJOR = 19
+N_GPU_FEATURES = 20
 
 # ---- basis of a per-op time ----------------------------------------------------
 BASIS_ANALYTICAL = 0

@@ -3,14 +3,18 @@
 Layout of `mlp` (float64), written by ``predictor.calibration.train``:
 
     [0]                      number of groups G
-    [1 + 8*g : 9 + 8*g]      header of group g: offset, n_in, h1, h2, eta_max,
-                             floor_us, corr_offset, n_corr
+    [1 + 10*g : 11 + 10*g]   header of group g: offset, n_in, h1, h2, eta_max,
+                             floor_us, corr_offset, n_corr, aux_offset, n_aux
                              (offset 0: no model for the group)
     [offset ...]             mean[n_in], std[n_in], W1[h1, n_in], b1[h1],
                              W2[h2, h1], b2[h2], w3[h2], b3
     [corr_offset ...]        n_corr pairs (chip key, log correction): the
                              group's per-chip corrections, key OTHER_CHIPS
                              for chips outside the data (see chip_correction)
+    [aux_offset ...]         n_aux numbers the group's features need beside
+                             the GPU and the op: for the batched-GEMM group,
+                             the GEMM tile rule its tiles come from
+                             (predictor.kernels.tiles; see group_aux)
 
 The output is an efficiency in (0, eta_max]: a sigmoid of the last layer,
 scaled. eta_max is 1 except where an algorithm does fewer FLOPs than the
@@ -23,7 +27,7 @@ import math
 
 from numba import njit
 
-HEADER = 8
+HEADER = 10
 
 
 @njit(cache=True)
@@ -48,6 +52,16 @@ def has_group(mlp, group):
     if mlp.shape[0] == 0 or group < 0 or group >= int(mlp[0]):
         return False
     return mlp[1 + HEADER * group] > 0
+
+
+@njit(cache=True)
+def group_aux(mlp, group):
+    """The group's auxiliary numbers (an empty view when it has none)."""
+    if mlp.shape[0] == 0 or group < 0 or group >= int(mlp[0]):
+        return mlp[:0]
+    h = 1 + HEADER * group
+    off = int(mlp[h + 8])
+    return mlp[off:off + int(mlp[h + 9])]
 
 
 @njit(cache=True)

@@ -15,7 +15,8 @@ import numpy as np
 from numba import njit
 
 from predictor.kernels import layout as L
-from predictor.kernels.features import N_FEATURES, group_of, learned_us, row_features
+from predictor.kernels.features import (N_FEATURES, group_features, group_of, learned_time_us,
+                                        serving_group)
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
@@ -26,6 +27,8 @@ MAX_HIDDEN = 128
 
 @njit(cache=True)
 def is_learned(family, mlp):
+    """Whether a learned model serves rows of `family` (a batched GEMM: the
+    batched-GEMM network, or the matmul one where the weights have none)."""
     return has_group(mlp, group_of(family))
 
 
@@ -53,14 +56,15 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
         d32 = np.empty_like(d)
         precision.fp32_dims(family, dtype_code, d, d32)
         d, dtype_code = d32, L.F32
-    group = group_of(family)
+    group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
     x = np.empty(N_FEATURES)
     hidden = np.empty(MAX_HIDDEN)
-    row_features(family, dtype_code, d, gpu, params, x)
+    ideal = group_features(group, family, dtype_code, d, gpu, params, mlp, x)
     eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
-    t = learned_us(family, dtype_code, d, gpu, params, eta) + kernels * params[P_LAUNCH_US]
+    t = learned_time_us(group, family, dtype_code, d, gpu, params, ideal, eta) \
+        + kernels * params[P_LAUNCH_US]
     if family == L.LSTM or family == L.LSTM_BWD:
         t += d[0] * params[P_LSTM_STEP_US]
     return t
@@ -81,14 +85,15 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
         d32 = np.empty_like(d)
         precision.fp32_dims(family, dtype_code, d, d32)
         d, dtype_code = d32, L.F32
-    group = group_of(family)
+    group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, 1, d, gpu, params)
     x = np.empty(N_FEATURES)
     hidden = np.empty(MAX_HIDDEN)
-    row_features(family, dtype_code, d, gpu, params, x)
+    ideal = group_features(group, family, dtype_code, d, gpu, params, mlp, x)
     eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
-    return floor_us(mlp, group) + learned_us(family, dtype_code, d, gpu, params, eta)
+    return floor_us(mlp, group) + learned_time_us(group, family, dtype_code, d, gpu, params,
+                                                  ideal, eta)
 
 
 @njit(cache=True)

@@ -191,6 +191,15 @@ def n_params(n_arch: int) -> int:
     return N_TILE_FEATURES + 2 * N_CAND + n_arch * ARCH_STRIDE
 
 
+
+def tile_rule_problem(n: int) -> str | None:
+    """What is wrong with a tile rule of `n` parameters (None: nothing): the
+    shared weights and biases, then whole per-architecture blocks."""
+    base = N_TILE_FEATURES + 2 * N_CAND
+    if n < base or (n - base) % ARCH_STRIDE:
+        return f"a GEMM tile rule of {n} numbers (expected {base} + a multiple of {ARCH_STRIDE})"
+    return None
+
 @njit(cache=True)
 def _arch_offset(params, cc_major):
     """Offset of an architecture's biases in params, -1 when it has none."""

@@ -166,6 +166,16 @@ def chip_key(architecture, sms) -> float:
     return float(1 + zlib.crc32(f"{architecture.strip().lower()}:{int(sms)}".encode()))
 
 
+def cc_major(compute_capability) -> int:
+    """The major of a compute capability ("8.0", 8.0 or 8); 0 when there is
+    none (an AMD gfx target: the GEMM tile rule then knows no architecture of
+    it)."""
+    try:
+        return int(float(compute_capability))
+    except (TypeError, ValueError):
+        return 0
+
+
 def ffma_issue_share(spec: dict) -> float:
     """The share of the FP32 peak a GEMM's FFMA loop can issue (see
     roofline.FFMA_ISSUE_SHARE): below 1 on NVIDIA SMs from compute
@@ -244,6 +254,7 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
             f[col] /= dies
     f[L.G_CHIP] = chip_key(spec.get("architecture"), f[L.G_SMS])
     f[L.G_FFMA_ISSUE] = ffma_issue_share(spec)
+    f[L.G_CC_MAJOR] = cc_major(spec.get("compute_capability"))
     return GPU(id=gid, name=str(spec.get("name", gid)), vendor=str(spec.get("vendor", "nvidia")),
                features=f, spec=dict(spec))
 

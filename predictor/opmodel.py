@@ -38,7 +38,8 @@ def layout_problem(mlp: np.ndarray) -> str | None:
     damaged or foreign array is refused before the numba forward pass reads
     past its end or divides by a zero scale. An empty array is valid: no
     learned models, the analytical model alone."""
-    from predictor.kernels.features import N_FEATURES, N_GROUPS
+    from predictor.kernels.features import G_BMM, N_FEATURES, N_GROUPS
+    from predictor.kernels.tiles import tile_rule_problem
     from predictor.kernels.mlp import HEADER, layer_offsets
     from predictor.kernels.optime import MAX_HIDDEN
 
@@ -61,6 +62,12 @@ def layout_problem(mlp: np.ndarray) -> str | None:
             return f"group {g}: weights run past the end of the array"
         if not eta_max > 0 or floor < 0 or not (mlp[std:std + int(n_in)] > 0).all():
             return f"group {g}: non-positive efficiency bound, floor or feature scale"
+        a_off, n_aux = mlp[1 + HEADER * g + 8:1 + HEADER * g + 10]
+        if n_aux != 0 and (a_off != int(a_off) or n_aux != int(n_aux) or n_aux < 0
+                           or a_off < 1 + HEADER * N_GROUPS or a_off + n_aux > mlp.size):
+            return f"group {g}: auxiliary numbers run past the end of the array"
+        if g == G_BMM and n_aux != 0 and tile_rule_problem(int(n_aux)):
+            return f"group {g}: {tile_rule_problem(int(n_aux))}"
         c_off, n_corr = mlp[1 + HEADER * g + 6:1 + HEADER * g + 8]
         if n_corr == 0:
             continue
@@ -71,6 +78,7 @@ def layout_problem(mlp: np.ndarray) -> str | None:
         if np.abs(corr).max() > MAX_CHIP_CORRECTION:
             return f"group {g}: a per-chip correction beyond a factor of {np.exp(MAX_CHIP_CORRECTION):g}"
     return None
+
 
 
 def read_weights(path) -> tuple[np.ndarray, dict]:

@@ -30,6 +30,7 @@ from predictor.kernels import layout as L
 from predictor.kernels import mlp as M
 from predictor.kernels import precision as P
 from predictor.kernels import roofline as R
+from predictor.kernels import tiles as T
 from predictor.kernels import work as W
 from predictor.overhead import HOST_DISPATCH_US, HOST_LAUNCH_US
 
@@ -197,6 +198,19 @@ def group_of(family: int) -> int:
     return features.G_NONE
 
 
+def row_group(family: int, d) -> int:
+    if family == L.MATMUL and d[0] > 1:
+        return features.G_BMM
+    return group_of(family)
+
+
+def serving_group(family: int, d, mlp) -> int:
+    g = row_group(family, d)
+    if g == features.G_BMM and not has_group(mlp, features.G_BMM):
+        return features.G_MATMUL
+    return g
+
+
 def _lg(x: float) -> float:
     return math.log2(max(x, 1e-30))
 
@@ -224,6 +238,71 @@ def ideal_us(family: int, dtype_code: int, d, gpu, params) -> float:
     t_c = flops / peak_flops(gpu, family, dtype_code, params) * 1e6
     t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
     return max(t_c, t_m, 1e-6)
+
+
+def _tile_features(sms, bt, m, n, k, tm, tn) -> list[float]:
+    """kernels/tiles.candidate_features."""
+    m, n, k = max(m, 1), max(n, 1), max(k, 1)
+    tiles = max(max(bt, 1) * math.ceil(m / tm) * math.ceil(n / tn), 1.0)
+    area = tm * tn
+    slots = max(int(sms), 1) * (4 if area <= 2048 else 2 if area <= 8192 else 1)
+    waves = math.ceil(tiles / slots)
+    return [min(tiles / slots, 1.0), tiles / (waves * slots),
+            (m / (math.ceil(m / tm) * tm)) * (n / (math.ceil(n / tn) * tn)),
+            _lg(area) * _lg(k) / 196.0,
+            _lg(tm / tn) * min(max(_lg(m / n), -4.0), 4.0) / 8.0,
+            min(_lg(waves), 8.0) / 8.0]
+
+
+def choose_tile(params, cc_major: int, sms: int, bt, m, n, k, b_transposed: bool) -> int:
+    """kernels/tiles.choose_tile with learned_arch_only: the candidate with the
+    highest score, or the largest that fills every SM where the rule has no
+    biases for the architecture."""
+    cands = [tuple(int(v) for v in c) for c in T.CANDIDATES]
+    nf, nc = T.N_TILE_FEATURES, len(cands)
+    base = nf + 2 * nc
+    arch = -1
+    if len(params) >= base:
+        for a in range((len(params) - base) // T.ARCH_STRIDE):
+            if int(params[base + a * T.ARCH_STRIDE]) == cc_major:
+                arch = base + a * T.ARCH_STRIDE + 1
+    if arch < 0:  # the analytical fallback
+        best, best_area = 0, 0
+        for c, (tm, tn) in enumerate(cands):
+            count = max(max(bt, 1) * math.ceil(max(m, 1) / tm) * math.ceil(max(n, 1) / tn), 1.0)
+            if count >= max(int(sms), 1) and tm * tn > best_area:
+                best, best_area = c, tm * tn
+        return best
+    lay = 1 if b_transposed else 0
+    scores = []
+    for c, (tm, tn) in enumerate(cands):
+        f = _tile_features(sms, bt, m, n, k, tm, tn)
+        scores.append(params[nf + lay * nc + c] + sum(params[j] * f[j] for j in range(nf))
+                      + params[arch + lay * nc + c])
+    return int(np.argmax(scores))
+
+
+def bmm_features(dtype_code: int, d, gpu, params, tiles) -> tuple[list[float], float]:
+    """kernels/features.bmm_features: (inputs, ideal us) of a batched GEMM."""
+    bt, m, n, k = (max(int(v), 1) for v in d[:4])
+    sms = max(gpu[L.G_SMS], 1.0)
+    c = choose_tile(tiles, int(gpu[L.G_CC_MAJOR]), int(sms), bt, m, n, k,
+                    bool(int(d[L.GEMM_LAYOUT]) & L.GEMM_B_T))
+    tm, tn = (int(v) for v in T.CANDIDATES[c])
+    waves = math.ceil(max(bt * math.ceil(m / tm) * math.ceil(n / tn), 1.0) / sms)
+    t_c = waves * 2.0 * tm * tn * k / (peak_flops(gpu, L.MATMUL, dtype_code, params) / sms) * 1e6
+    t_m = waves * (tm * k + tn * k + tm * tn) * row_elem_bytes(dtype_code) \
+        / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
+    x = [0.0] * features.N_FEATURES
+    x[0], x[1], x[5] = _lg(t_c), _lg(t_m), _lg(waves)
+    x[2] = min(x[0] - x[1], 0.0)
+    return x, max(t_c, t_m, 1e-6)
+
+
+def group_aux(mlp, group: int) -> list[float]:
+    h = 1 + M.HEADER * group
+    off, n = int(mlp[h + 8]), int(mlp[h + 9])
+    return mlp[off:off + n]
 
 
 def forward_equivalent(family: int, d):
@@ -416,12 +495,21 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         return tensor_core_us(family, dtype_code, kernels, d, gpu, params)
     if mode == 2:
         d, dtype_code = fp32_dims(family, dtype_code, d), L.F32
-    group = group_of(family)
+    group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
-    eta = with_chip(mlp, group, efficiency(mlp, group, row_features(family, dtype_code, d, gpu,
-                                                                     params)), gpu[L.G_CHIP])
-    t = learned_us(family, dtype_code, d, gpu, params, eta) + kernels * params[R.P_LAUNCH_US]
+    if group == features.G_BMM:
+        x, ideal = bmm_features(dtype_code, d, gpu, params, group_aux(mlp, group))
+    else:
+        x = row_features(family, dtype_code, d, gpu, params)
+    eta = with_chip(mlp, group, efficiency(mlp, group, x), gpu[L.G_CHIP])
+    if group == features.G_BMM:  # features.learned_time_us
+        _, elems = flops_and_elems(family, d)
+        dram = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+        t = max(ideal / eta, dram / features.ACHIEVABLE_DRAM)
+    else:
+        t = learned_us(family, dtype_code, d, gpu, params, eta)
+    t += kernels * params[R.P_LAUNCH_US]
     if family in (L.LSTM, L.LSTM_BWD):
         t += d[0] * params[R.P_LSTM_STEP_US]
     return t

@@ -12,10 +12,11 @@ from importlib import resources
 import numpy as np
 
 from predictor import hardware
+from predictor.hardware import cc_major  # noqa: F401  (the tile rule's architecture key)
 from predictor.errors import PredictorError, WeightsError
 from predictor.kernels import layout as L
-from predictor.kernels.tiles import (ARCH_STRIDE, CANDIDATES, N_CAND, N_TILE_FEATURES,
-                                     TILES_FILE, TILES_FORMAT, choose_tile, choose_tiles)
+from predictor.kernels.tiles import (CANDIDATES, TILES_FILE, TILES_FORMAT, choose_tile,
+                                     choose_tiles, tile_rule_problem)
 
 MAX_TILES_FILE_BYTES = 1 << 20
 
@@ -37,11 +38,10 @@ def read_params(path) -> np.ndarray:
         params = np.asarray([float(v) for v in doc["params"]], dtype=np.float64)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise WeightsError(f"{path}: not a readable GEMM tile file ({exc})") from exc
-    base = N_TILE_FEATURES + 2 * N_CAND
-    if params.size < base or (params.size - base) % ARCH_STRIDE or \
-            not np.all(np.isfinite(params)):
-        raise WeightsError(f"{path}: damaged GEMM tile file ({params.size} parameters, "
-                           f"expected {base} + a multiple of {ARCH_STRIDE}, all finite)")
+    problem = tile_rule_problem(params.size) or \
+        (None if np.all(np.isfinite(params)) else "parameters that are not finite")
+    if problem:
+        raise WeightsError(f"{path}: damaged GEMM tile file ({problem})")
     return params
 
 
@@ -54,15 +54,6 @@ def shipped_params() -> np.ndarray:
         return np.zeros(0)
     with resources.as_file(ref) as path:
         return read_params(path)
-
-
-def cc_major(compute_capability) -> int:
-    """The major of a compute capability ("8.0", 8.0 or 8); 0 when there is
-    none (the rule then knows no architecture of it)."""
-    try:
-        return int(float(compute_capability))
-    except (TypeError, ValueError):
-        return 0
 
 
 def predict_tile(compute_capability, sms: int, bt: int, m: int, n: int, k: int,

@@ -18,7 +18,8 @@ from predictor import cli, engine, hardware, reference
 from predictor.commands.common import parse_batch_sizes
 from predictor.calibration.train import GroupModel, pack
 from predictor.errors import FileFormatError
-from predictor.kernels.features import G_CONV, G_ELEMENTWISE, N_FEATURES, N_GROUPS
+from predictor.kernels.features import G_BMM, G_CONV, G_ELEMENTWISE, N_FEATURES, N_GROUPS
+from predictor.tiles import shipped_params
 from predictor.kernels import layout as L
 from predictor.kernels import grid
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
@@ -97,8 +98,11 @@ def _learned_weights(seed: int, groups=range(N_GROUPS), hidden=(12, 8)) -> np.nd
         layers = [(rng.normal(0, 0.4, (h1, n_in)), rng.normal(0, 0.3, h1)),
                   (rng.normal(0, 0.4, (h2, h1)), rng.normal(0, 0.3, h2)),
                   (rng.normal(0, 0.4, h2), float(rng.normal(0, 0.3)))]
+        # The batched-GEMM group's tiles from the shipped tile rule (the
+        # analytical fallback where none ships).
         models[g] = GroupModel(g, rng.normal(0, 3, n_in), rng.uniform(0.5, 4, n_in), layers,
-                               float(rng.uniform(1, 20)), float(rng.uniform(0.6, 2.5)))
+                               float(rng.uniform(1, 20)), float(rng.uniform(0.6, 2.5)),
+                               shipped_params() if g == G_BMM else None)
     return pack(models)
 
 
