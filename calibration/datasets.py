@@ -51,6 +51,20 @@ class OpSamples:
         return OpSamples(self.op[mask], self.family[mask], self.dims[mask], self.gpu[mask],
                          self.latency_ms[mask], self.tile[mask])
 
+    def fingerprint(self) -> str:
+        """A hash of every column: equal samples, equal fingerprint (what
+        training on them gives is then the same)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name in ("op", "gpu"):
+            h.update("\0".join(map(str, getattr(self, name))).encode())
+        for name in ("family", "dims", "latency_ms", "tile"):
+            arr = np.ascontiguousarray(getattr(self, name))
+            h.update(str((arr.dtype, arr.shape)).encode())
+            h.update(arr.tobytes())
+        return h.hexdigest()
+
     @staticmethod
     def concat(parts: list["OpSamples"]) -> "OpSamples":
         return OpSamples(*(np.concatenate([getattr(p, f) for p in parts])

@@ -492,10 +492,14 @@ def tile_rule(samples: OpSamples) -> np.ndarray:
 
 
 def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
-          progress=None, chips: bool = True, ensemble: int = ENSEMBLE) -> np.ndarray:
+          progress=None, chips: bool = True, ensemble: int = ENSEMBLE,
+          group_cache: dict | None = None) -> np.ndarray:
     """Fit every group present in `samples`; returns the packed weights, with
     the per-chip corrections of the chips in `samples` unless `chips` is False.
-    `ensemble`: networks per group before distillation (`fit_distilled`)."""
+    `ensemble`: networks per group before distillation (`fit_distilled`).
+    `group_cache`: a dict that keeps each group's network by the rows it was
+    fitted on, so that trainings on sample sets that share a group's rows
+    (leave-one-GPU-out sets of a GPU without files of that op) fit it once."""
     # The matmul network is fitted on batched GEMMs too: they are the data's
     # only `x @ W` kernels, and it prices unbatched ones.
     group = row_groups(samples, bmm=False)
@@ -507,6 +511,14 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
             else group == g
         if mask.sum() < 50:
             continue
+        key = None
+        if group_cache is not None:
+            # The batched-GEMM group depends on every GEMM row (its tile rule).
+            rows = samples.family == L.MATMUL if g == G_BMM else mask
+            key = (g, samples.subset(rows).fingerprint(), seed, epochs, ensemble)
+            if key in group_cache:
+                models[g] = group_cache[key]
+                continue
         featurize, rule = None, None
         if g == G_BMM:
             rule = tile_rule(samples)
@@ -514,6 +526,8 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
         models[g] = fit_distilled(g, samples.subset(mask), seed=seed, epochs=epochs,
                                   ensemble=ensemble, progress=progress, featurize=featurize)
         models[g].aux = rule
+        if key is not None:
+            group_cache[key] = models[g]
     if not chips:
         return pack(models)
     return pack(models, chip_corrections(samples, pack(models)))

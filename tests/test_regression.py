@@ -175,7 +175,7 @@ def test_training_is_shared_between_identical_sample_sets():
 
     calls = []
 
-    def fake_train(samples, *, seed=0, epochs=60, groups=None):
+    def fake_train(samples, *, seed=0, epochs=60, groups=None, group_cache=None):
         calls.append((len(samples), seed, groups))
         return np.full(3, float(len(calls)))
 
@@ -191,3 +191,38 @@ def test_training_is_shared_between_identical_sample_sets():
     train(samples(5, shift=1), seed=0, epochs=60)   # other samples
     train(samples(5), seed=1, epochs=60)            # other seed
     assert len(calls) == 3
+
+
+def test_a_group_is_fitted_once_for_sample_sets_that_share_its_rows(monkeypatch):
+    """Leave-one-GPU-out sets of a GPU without files of an op share that op's
+    rows: with a group cache its network is fitted once."""
+    from predictor.calibration import datasets as D
+    from predictor.calibration import train as T
+    from predictor.kernels import layout as L
+    from predictor.kernels.features import G_CONV, G_ELEMENTWISE, N_FEATURES
+
+    fitted = []
+
+    def fake_fit(group, samples, **kw):
+        fitted.append((group, len(samples)))
+        return T.GroupModel(group, np.zeros(N_FEATURES), np.ones(N_FEATURES),
+                            [(np.zeros((2, N_FEATURES)), np.zeros(2)),
+                             (np.zeros((2, 2)), np.zeros(2)), (np.zeros(2), 0.0)], 1.0, 1.0)
+
+    monkeypatch.setattr(T, "fit_distilled", fake_fit)
+
+    def rows(family, gpu, n=60):
+        dims = np.ones((n, L.MAX_DIMS), dtype=np.int64) * 8
+        return D.OpSamples(np.array(["x"] * n, dtype=object), np.full(n, family, np.int64),
+                           dims + np.arange(n)[:, None], np.array([gpu] * n, dtype=object),
+                           np.ones(n))
+
+    elem = D.OpSamples.concat([rows(L.ELEMENTWISE, "T4"), rows(L.ELEMENTWISE, "P4")])
+    conv_a, conv_b = rows(L.CONV, "T4"), rows(L.CONV, "P4")
+    cache = {}
+    T.train(D.OpSamples.concat([elem, conv_a]), chips=False, group_cache=cache)
+    T.train(D.OpSamples.concat([elem, conv_b]), chips=False, group_cache=cache)
+    assert [g for g, _ in fitted].count(G_ELEMENTWISE) == 1
+    assert [g for g, _ in fitted].count(G_CONV) == 2
+    T.train(D.OpSamples.concat([elem, conv_a]), chips=False)  # no cache: fitted again
+    assert [g for g, _ in fitted].count(G_ELEMENTWISE) == 2
