@@ -52,7 +52,7 @@ from predictor.kernels.roofline import P_TF32_CONV, default_params
 # formula counts for 3x3 filters, so a conv can beat "100 %" of the direct roofline.
 ETA_MAX = {G_CONV: 2.5}
 HIDDEN = (32, 32)
-# Groups whose learned model ships: all five. Leave-one-GPU-out on the test
+# Groups whose learned model ships: all. Leave-one-GPU-out on the test
 # shapes (python -m benchmarks.accuracy, mean over held-out GPUs except P4)
 # puts the learned models ahead of the analytical one for conv (23.0 vs
 # 51.2 %), linear (27.3 vs 30.1 %), softmax (21.3 vs 22.7 %) and layer norm
@@ -60,6 +60,9 @@ HIDDEN = (32, 32)
 # vs 10.2 %); a trial with matmul, elementwise and softmax analytical made the
 # end-to-end harness much worse (20.8 % / 35.9 % mean error, inference /
 # training, against 9.0 % / 10.3 % all learned; see benchmarks/README.md).
+# The batched-GEMM group (G_BMM, NeuSight's per-SM inputs) took bmm from 30.0
+# to 16.4 % on the same protocol (benchmarks/README.md, "Batched GEMMs: a
+# model group of their own").
 SHIPPED_GROUPS = tuple(range(N_GROUPS))
 MONOTONE_WEIGHT = 50.0
 WEIGHTS_FILE = "opmodels.npz"
@@ -434,24 +437,42 @@ def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[floa
     offset to a handful of the largest kernels of the sweep (P100 GEMMs: +0.38
     time-weighted against +0.07 unweighted). Boards of one chip pool their
     kernels (``hardware.chip_key``). Under the key OTHER_CHIPS, for every chip
-    outside the data, see `with_other_chips`."""
+    outside the data, see `with_other_chips`.
+
+    Each network's offset is measured over the rows it was fitted on: the
+    matmul network's over every GEMM, batched ones included, since it prices
+    both operand layouts (an unbatched `x @ W` from the batched rows, the
+    data's only `*_nn` kernels) though the batched-GEMM network prices the
+    batched rows themselves."""
     ids = sorted(set(samples.gpu))
     db = hardware.database()
     gpus = db.features([db.get(i) for i in ids])
     index = np.array([ids.index(g) for g in samples.gpu], dtype=np.int64)
     chip = gpus[index, L.G_CHIP]
-    pred_us = isolated_times_us(samples.family.astype(np.int64), np.zeros(len(samples), np.int64),
-                                np.ascontiguousarray(samples.dims), gpus, index,
-                                training_params(), mlp)
+
+    def predicted_us(weights):
+        return isolated_times_us(samples.family.astype(np.int64),
+                                 np.zeros(len(samples), np.int64),
+                                 np.ascontiguousarray(samples.dims), gpus, index,
+                                 training_params(), weights)
+
+    served = predicted_us(mlp)
     meas_us = samples.latency_ms * 1e3
-    group = row_groups(samples, bmm=bool(has_group(mlp, G_BMM)))
+    fitted_on = row_groups(samples, bmm=False)
+    batched = row_groups(samples, bmm=True) == G_BMM
     out: dict[int, dict[float, float]] = {}
     for g in range(N_GROUPS):
         if not len(mlp) or mlp[1 + HEADER * g] == 0:
             continue
+        rows = batched if g == G_BMM else fitted_on == g
+        pred_us = served
+        if g == G_MATMUL and has_group(mlp, G_BMM):
+            without_bmm = mlp.copy()
+            without_bmm[1 + HEADER * G_BMM] = 0  # every GEMM by the matmul network
+            pred_us = predicted_us(without_bmm)
         floor = floor_us(mlp, g)
-        for c in sorted(set(chip[group == g]) - {0.0}):
-            sel = (group == g) & (chip == c) & (meas_us > 2 * floor) & (pred_us > floor)
+        for c in sorted(set(chip[rows]) - {0.0}):
+            sel = rows & (chip == c) & (meas_us > 2 * floor) & (pred_us > floor)
             if sel.sum() < MIN_CHIP_SAMPLES:
                 continue
             r = float(np.median(np.log((meas_us[sel] - floor) / (pred_us[sel] - floor))))

@@ -15,6 +15,11 @@ linear 25.0 / 21.2 -> 28.7 / 27.0 together with board power, conv 23.0 ->
 26.6 likewise, softmax 23.4 -> 24.9, layer norm 15.2 -> 15.5, elementwise
 11.4 -> 12.6), and board power for GEMMs and convolutions. Board power stays for
 the memory-bound groups (elementwise without it: 11.4 -> 19.2).
+
+Batched GEMMs have a group of their own (G_BMM) with NeuSight's inputs
+instead: the GEMM as waves of thread-block tiles seen from one SM
+(`bmm_features`); the tile comes from the GEMM tile rule the weights carry
+(``kernels.mlp.group_aux``).
 """
 
 from __future__ import annotations

@@ -125,3 +125,25 @@ def test_training_fits_the_rule_on_its_own_samples(data_dir):
     ev = s.subset(s.dims[:, 0] > 1)
     t = predict_rows(ev.family, ev.dims, "T4", mlp=mlp, params=T.training_params())
     assert np.isfinite(t).all() and (t > 0).all()
+
+
+def test_the_matmul_networks_offsets_are_over_every_gemm_it_was_fitted_on(data_dir):
+    """The matmul network prices both operand layouts (unbatched `x @ W` from
+    the batched rows), so its per-chip offset is measured over every GEMM,
+    as if there were no batched-GEMM network; the batched-GEMM network's
+    over the batched rows it prices."""
+    from predictor.calibration import datasets as D
+    from predictor.kernels.mlp import has_group
+
+    mlp = opmodel.weights().copy()
+    if not has_group(mlp, G_BMM):
+        pytest.skip("the shipped weights have no batched-GEMM network")
+    for g in range(int(mlp[0])):
+        mlp[1 + T.HEADER * g + 6:1 + T.HEADER * g + 8] = 0  # no corrections
+    s = D.load_train(data_dir, ops=("linear", "bmm"))
+    s = s.subset(np.arange(len(s)) % 3 == 0)
+    no_bmm = mlp.copy()
+    no_bmm[1 + T.HEADER * G_BMM] = 0
+    with_bmm, without = T.chip_corrections(s, mlp), T.chip_corrections(s, no_bmm)
+    assert with_bmm[G_MATMUL] == without[G_MATMUL]
+    assert G_BMM not in without and len(with_bmm[G_BMM]) == len(set(s.gpu))
