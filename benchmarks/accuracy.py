@@ -161,6 +161,17 @@ def shipped_weights(seed: int, epochs: int, train: D.OpSamples):
     return None
 
 
+def serving_groups(samples: D.OpSamples) -> tuple[int, ...]:
+    """The op-model groups that price `samples`' rows (a GEMM's: the matmul
+    network and, for a batched one, the batched-GEMM network)."""
+    from predictor.kernels.features import G_BMM, G_MATMUL, G_NONE
+
+    groups = set(T.row_groups(samples).tolist()) - {G_NONE}
+    if G_BMM in groups:
+        groups.add(G_MATMUL)
+    return tuple(sorted(groups))
+
+
 def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30,
         log=print, baselines: bool = True, train_fn=None) -> tuple[pd.DataFrame, dict]:
     """Scores of every model (see the module docstring). `baselines=False`
@@ -176,7 +187,9 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
     def evaluate(split: str, gpu: str, fit_on: D.OpSamples, ev: D.OpSamples, mlp=None):
         t0 = time.perf_counter()
         if mlp is None:
-            mlp = train_fn(fit_on, seed=seed, epochs=epochs)
+            # Only the groups that price the scored rows: the others cannot
+            # move a score (the A100-PCIE-80GB, scored on conv only, trains one).
+            mlp = train_fn(fit_on, seed=seed, epochs=epochs, groups=serving_groups(ev))
         fams = family_of(ev.op)
         preds = {"learned": predict_learned(mlp, ev)}
         if baselines:

@@ -17,7 +17,10 @@ predictor gets there"), not from NeuSight's code:
   GPU's own choice: an oracle no unseen GPU has) or the project's tile rule
   fitted without the held-out GPU (``--tiles predicted``,
   ``benchmarks.tiles``: what the shipped rule does for a GPU outside its
-  data).
+  data); the training GPUs' rows take their kernel names in both. With
+  ``--tiles fallback`` every row, trained on or scored, takes the rule's
+  analytical choice (no kernel name used anywhere). ``--ops`` picks linear,
+  bmm or both.
 - **Per-SM inputs**, log2: the tile's FLOPs over the per-SM fp32 peak, its
   bytes (A and B panels and the C tile, fp32) over the per-SM DRAM
   bandwidth, and ``waves x tile bytes`` over the per-SM memory and the per-SM

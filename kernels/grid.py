@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from predictor.kernels import layout as L
-from predictor.kernels.features import (N_FEATURES, group_features, learned_time_us,
+from predictor.kernels.features import (G_BMM, N_FEATURES, learned_us, row_features,
                                         serving_group)
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
@@ -107,20 +107,21 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
     ms_per_us = count[i] * 1e-3
     scaled = cal_us.shape[0] > 0 and cal_us[i] > 0.0
     group = serving_group(fam, d, mlp)
-    if has_group(mlp, group) and not rewrites(fam, dt, params) \
+    # (A batched GEMM takes the scalar path: its time is two networks'
+    # maximum, optime.learned_row_us.)
+    if has_group(mlp, group) and group != G_BMM and not rewrites(fam, dt, params) \
             and not is_layout_transpose(fam, d):
         # The learned model, for the whole block of GPUs in one forward pass:
         # the block form of optime.op_time_us (the tests hold the two equal).
-        x, eta, zbuf, hbuf, acc, ideal = scratch
+        x, eta, zbuf, hbuf, acc = scratch
         for g in range(g0, g1):
-            ideal[g - g0] = group_features(group, fam, dt, d, gpus[g], params, mlp, x[g - g0])
+            row_features(fam, dt, d, gpus[g], params, x[g - g0])
         # All lanes of the scratch: the rows past g1 - g0 stay zero (finite,
         # ignored), and full vectors run faster than a scalar remainder.
         efficiency_block(mlp, group, x, x.shape[0], eta, zbuf, hbuf, acc)
         for g in range(g0, g1):
             e = with_chip(mlp, group, eta[g - g0], gpus[g, L.G_CHIP])
-            t = learned_time_us(group, fam, dt, d, gpus[g], params, ideal[g - g0], e) \
-                + kern * params[P_LAUNCH_US]
+            t = learned_us(fam, dt, d, gpus[g], params, e) + kern * params[P_LAUNCH_US]
             if fam == L.LSTM or fam == L.LSTM_BWD:
                 t += d[0] * params[P_LSTM_STEP_US]
             if scaled:
@@ -140,7 +141,7 @@ def _scratch(mlp, n):
     rounded up to whole vectors (_LANES)."""
     lanes = (n + _LANES - 1) // _LANES * _LANES
     zbuf, hbuf, acc = block_scratch(mlp, lanes)
-    return np.zeros((lanes, N_FEATURES)), np.empty(lanes), zbuf, hbuf, acc, np.empty(lanes)
+    return np.zeros((lanes, N_FEATURES)), np.empty(lanes), zbuf, hbuf, acc
 
 
 @njit(cache=True)

@@ -15,8 +15,8 @@ import numpy as np
 from numba import njit
 
 from predictor.kernels import layout as L
-from predictor.kernels.features import (N_FEATURES, group_features, group_of, learned_time_us,
-                                        serving_group)
+from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_features, group_of,
+                                        learned_time_us, serving_group)
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
@@ -42,6 +42,33 @@ def learned_rows(family, mlp):
 
 
 @njit(cache=True)
+def learned_row_us(group, family, dtype_code, d, gpu, params, mlp, isolated):
+    """A row's time at the efficiency of `group`'s network (no launch cost;
+    `isolated`: with the network's fixed per-measurement floor, as a per-op
+    benchmark measures it).
+
+    A batched GEMM is never faster than one of its GEMMs alone as the matmul
+    network prices it: two networks meet at batch 1 -> 2, and without the
+    floor twice the work could come out faster (a 28 x 308 x 419 GEMM on an
+    H100: 42.5 us alone, 37.5 us for a batch of two)."""
+    x = np.empty(N_FEATURES)
+    hidden = np.empty(MAX_HIDDEN)
+    ideal = group_features(group, family, dtype_code, d, gpu, params, mlp, x)
+    eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
+    t = learned_time_us(group, family, dtype_code, d, gpu, params, ideal, eta)
+    if isolated:
+        t += floor_us(mlp, group)
+    if group == G_BMM and has_group(mlp, G_MATMUL):
+        one = d.copy()
+        one[0] = 1
+        ideal = group_features(G_MATMUL, family, dtype_code, one, gpu, params, mlp, x)
+        eta = chip_efficiency(mlp, G_MATMUL, x, hidden, gpu[L.G_CHIP])
+        alone = learned_time_us(G_MATMUL, family, dtype_code, one, gpu, params, ideal, eta)
+        t = max(t, alone + floor_us(mlp, G_MATMUL) if isolated else alone)
+    return t
+
+
+@njit(cache=True)
 def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     """Time of one execution of a row on one GPU, microseconds. Rows in half
     precision or TF32 are priced as predictor.kernels.precision says; a
@@ -59,11 +86,7 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
-    x = np.empty(N_FEATURES)
-    hidden = np.empty(MAX_HIDDEN)
-    ideal = group_features(group, family, dtype_code, d, gpu, params, mlp, x)
-    eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
-    t = learned_time_us(group, family, dtype_code, d, gpu, params, ideal, eta) \
+    t = learned_row_us(group, family, dtype_code, d, gpu, params, mlp, False) \
         + kernels * params[P_LAUNCH_US]
     if family == L.LSTM or family == L.LSTM_BWD:
         t += d[0] * params[P_LSTM_STEP_US]
@@ -88,12 +111,7 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, 1, d, gpu, params)
-    x = np.empty(N_FEATURES)
-    hidden = np.empty(MAX_HIDDEN)
-    ideal = group_features(group, family, dtype_code, d, gpu, params, mlp, x)
-    eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
-    return floor_us(mlp, group) + learned_time_us(group, family, dtype_code, d, gpu, params,
-                                                  ideal, eta)
+    return learned_row_us(group, family, dtype_code, d, gpu, params, mlp, True)
 
 
 @njit(cache=True)

@@ -500,14 +500,21 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
     if group == features.G_BMM:
         x, ideal = bmm_features(dtype_code, d, gpu, params, group_aux(mlp, group))
-    else:
-        x = row_features(family, dtype_code, d, gpu, params)
-    eta = with_chip(mlp, group, efficiency(mlp, group, x), gpu[L.G_CHIP])
-    if group == features.G_BMM:  # features.learned_time_us
-        _, elems = flops_and_elems(family, d)
+        eta = with_chip(mlp, group, efficiency(mlp, group, x), gpu[L.G_CHIP])
+        _, elems = flops_and_elems(family, d)  # features.learned_time_us
         dram = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
         t = max(ideal / eta, dram / features.ACHIEVABLE_DRAM)
+        if has_group(mlp, features.G_MATMUL):  # optime.learned_row_us: never below one GEMM
+            one = [1] + list(d[1:])
+            eta = with_chip(mlp, features.G_MATMUL,
+                            efficiency(mlp, features.G_MATMUL,
+                                       row_features(family, dtype_code, one, gpu, params)),
+                            gpu[L.G_CHIP])
+            t = max(t, learned_us(family, dtype_code, one, gpu, params, eta))
     else:
+        eta = with_chip(mlp, group, efficiency(mlp, group,
+                                               row_features(family, dtype_code, d, gpu, params)),
+                        gpu[L.G_CHIP])
         t = learned_us(family, dtype_code, d, gpu, params, eta)
     t += kernels * params[R.P_LAUNCH_US]
     if family in (L.LSTM, L.LSTM_BWD):

@@ -147,3 +147,37 @@ def test_the_matmul_networks_offsets_are_over_every_gemm_it_was_fitted_on(data_d
     with_bmm, without = T.chip_corrections(s, mlp), T.chip_corrections(s, no_bmm)
     assert with_bmm[G_MATMUL] == without[G_MATMUL]
     assert G_BMM not in without and len(with_bmm[G_BMM]) == len(set(s.gpu))
+
+
+def test_the_accuracy_harness_trains_the_groups_that_price_the_scored_rows():
+    from benchmarks.accuracy import serving_groups
+    from predictor.calibration import datasets as D
+    from predictor.kernels.features import G_CONV, G_SOFTMAX
+
+    def rows(family, bt):
+        d = np.stack([_gemm(bt, 64, 64, 64)] * 2)
+        return D.OpSamples(np.array(["x", "x"], dtype=object), np.full(2, family, np.int64), d,
+                           np.array(["T4", "T4"], dtype=object), np.ones(2))
+
+    assert serving_groups(rows(L.CONV, 1)) == (G_CONV,)
+    assert serving_groups(rows(L.MATMUL, 1)) == (G_MATMUL,)
+    assert serving_groups(rows(L.MATMUL, 8)) == (G_MATMUL, G_BMM)
+    both = D.OpSamples.concat([rows(L.SOFTMAX, 1), rows(L.LSTM, 1)])
+    assert serving_groups(both) == (G_SOFTMAX,)  # LSTM: analytical only
+
+
+def test_a_batch_of_two_is_never_faster_than_one_gemm_alone():
+    """The two networks meet at batch 1 -> 2: a batched GEMM is floored at one
+    of its GEMMs as the matmul network prices it (optime.learned_row_us)."""
+    rule = shipped_params()
+    mlp = pack({G_MATMUL: _net(G_MATMUL, 0), G_BMM: _net(G_BMM, 1, rule)})
+    fam = np.full(2, L.MATMUL)
+    for gpu in ("H100-SXM5-80GB", "T4", "P100-PCIE-16GB"):
+        for shape in ((28, 308, 419), (512, 64, 64), (7, 4096, 33)):
+            one, two = predict_rows(fam, np.stack([_gemm(1, *shape), _gemm(2, *shape)]), gpu,
+                                    mlp=mlp)
+            assert two >= one
+    if opmodel.weights().size:  # the shipped networks, on the case that showed it
+        one, two = predict_rows(fam, np.stack([_gemm(1, 28, 308, 419), _gemm(2, 28, 308, 419)]),
+                                "H100-SXM5-80GB")
+        assert two >= one
