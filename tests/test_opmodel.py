@@ -509,7 +509,9 @@ def test_chip_corrections_generalise_within_a_gpu(data_dir):
         for chip, c in table.items():
             if chip == hardware.get("V100-PCIE-32GB").features[L.G_CHIP]:
                 w = _with_correction(w, g, chip, c)
-    ev = s.subset(~half & (s.gpu == "V100-PCIE-32GB"))
+    # The matmul network's `x @ W^T` rows: the batched ones have a network of
+    # their own, which fits the V100 about as well as any GPU (offset +0.02).
+    ev = s.subset(~half & (s.gpu == "V100-PCIE-32GB") & (s.op == "linear"))
     err = [np.mean(np.abs(A.predict_learned(m, ev) / ev.latency_ms - 1)) for m in (mlp, w)]
     assert err[1] < 0.8 * err[0]
 
