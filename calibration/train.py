@@ -346,36 +346,70 @@ def fit_distilled(group: int, samples: OpSamples, *, seed: int = 0, epochs: int 
     ensemble where the GPUs users ask about lie, not just where the data is.
     `featurize`: samples -> (features, ideal, group, target), `features` by
     default. `ensemble=1` is a single network (no distillation)."""
-    featurize = featurize or features
-    x, ideal, _, target = featurize(samples)
-    x_more, ideal_more, _, _ = featurize(doubled(samples, seed))
-    probes = probe_features(group, samples, seed, featurize)
-    fits = [dict(x_more=x_more, ideal_more=ideal_more, probes=probes,
-                 seed=seed + group + 101 * k, epochs=epochs)
-            for k in range(ensemble)]
-    workers = min(ensemble, training_workers())
+    return fit_distilled_groups([(group, samples, featurize)], seed=seed, epochs=epochs,
+                                ensemble=ensemble, progress=progress)[group]
+
+
+def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int = ENSEMBLE,
+                         progress=None) -> dict[int, GroupModel]:
+    """`fit_distilled` for several groups, `plan` [(group, samples,
+    featurize)], with every fit of every group on one pool of processes
+    (`training_workers`): the ensembles' networks first, then each group's
+    distilled network as its ensemble is done, so that no core waits while
+    one group distils. Each fit is seeded and single-threaded, so the result
+    does not depend on where or in which order it runs."""
+    def finished(_job=None):
+        if progress is not None:
+            for _ in range(epochs):
+                progress()
+
+    prepared = []
+    for group, samples, featurize in plan:
+        featurize = featurize or features
+        x, ideal, _, target = featurize(samples)
+        x_more, ideal_more, _, _ = featurize(doubled(samples, seed))
+        probes = probe_features(group, samples, seed, featurize)
+        fits = [dict(x_more=x_more, ideal_more=ideal_more, probes=probes,
+                     seed=seed + group + 101 * k, epochs=epochs) for k in range(ensemble)]
+        prepared.append((group, samples, featurize, (x, ideal, target), fits))
+
+    def distill_inputs(group, samples, featurize, teachers):
+        both = OpSamples.concat([samples, spec_gpu_rows(samples, DISTIL_ROWS_PER_GPU, seed)])
+        xa, ia, _, _ = featurize(both)
+        ta = np.exp(np.mean([np.log(t.times_us(xa, ia)) for t in teachers], axis=0))
+        xam, iam, _, _ = featurize(doubled(both, seed))
+        return (group, xa, ia, ta), dict(x_more=xam, ideal_more=iam,
+                                         probes=probe_features(group, both, seed, featurize),
+                                         seed=seed + group, epochs=epochs)
+
+    workers = min(ensemble * len(plan), training_workers())
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        # Each fit is seeded and single-threaded, so the result does not
-        # depend on where it runs.
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            jobs = [pool.submit(fit_group, group, x, ideal, target, **kw) for kw in fits]
-            teachers = []
-            for job in jobs:
-                teachers.append(job.result())
-                if progress is not None:
-                    for _ in range(epochs):
-                        progress()
-    else:
-        teachers = [fit_group(group, x, ideal, target, progress=progress, **kw) for kw in fits]
-    if ensemble == 1:
-        return teachers[0]
-    both = OpSamples.concat([samples, spec_gpu_rows(samples, DISTIL_ROWS_PER_GPU, seed)])
-    xa, ia, _, _ = featurize(both)
-    ta = np.exp(np.mean([np.log(t.times_us(xa, ia)) for t in teachers], axis=0))
-    xam, iam, _, _ = featurize(doubled(both, seed))
-    return fit_group(group, xa, ia, ta, x_more=xam, ideal_more=iam,
-                     probes=probe_features(group, both, seed, featurize), seed=seed + group,
-                     epochs=epochs, progress=progress)
+            teacher_jobs = [[pool.submit(fit_group, group, *data, **kw) for kw in fits]
+                            for group, _, _, data, fits in prepared]
+            out, distil_jobs = {}, {}
+            for (group, samples, featurize, _, _), jobs in zip(prepared, teacher_jobs):
+                teachers = [job.result() for job in jobs]
+                for _ in teachers:
+                    finished()
+                if ensemble == 1:
+                    out[group] = teachers[0]
+                    continue
+                args, kw = distill_inputs(group, samples, featurize, teachers)
+                distil_jobs[group] = pool.submit(fit_group, *args, **kw)
+            for group, job in distil_jobs.items():
+                out[group] = job.result()
+                finished()
+        return out
+    out = {}
+    for group, samples, featurize, data, fits in prepared:
+        teachers = [fit_group(group, *data, progress=progress, **kw) for kw in fits]
+        if ensemble == 1:
+            out[group] = teachers[0]
+            continue
+        args, kw = distill_inputs(group, samples, featurize, teachers)
+        out[group] = fit_group(*args, progress=progress, **kw)
+    return out
 
 
 def pack(models: dict[int, GroupModel],
@@ -524,7 +558,7 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
     # The matmul network is fitted on batched GEMMs too: they are the data's
     # only `x @ W` kernels, and it prices unbatched ones.
     group = row_groups(samples, bmm=False)
-    models = {}
+    models, plan, rules, keys = {}, [], {}, {}
     for g in range(N_GROUPS):
         if groups is not None and g not in groups:
             continue
@@ -544,11 +578,15 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
         if g == G_BMM:
             rule = tile_rule(samples)
             featurize = functools.partial(features, tiles=rule)
-        models[g] = fit_distilled(g, samples.subset(mask), seed=seed, epochs=epochs,
-                                  ensemble=ensemble, progress=progress, featurize=featurize)
-        models[g].aux = rule
-        if key is not None:
-            group_cache[key] = models[g]
+        plan.append((g, samples.subset(mask), featurize))
+        rules[g], keys[g] = rule, key
+    fitted = fit_distilled_groups(plan, seed=seed, epochs=epochs, ensemble=ensemble,
+                                  progress=progress)
+    for g, m in fitted.items():
+        m.aux = rules[g]
+        models[g] = m
+        if keys[g] is not None:
+            group_cache[keys[g]] = m
     if not chips:
         return pack(models)
     return pack(models, chip_corrections(samples, pack(models)))

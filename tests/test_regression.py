@@ -203,13 +203,17 @@ def test_a_group_is_fitted_once_for_sample_sets_that_share_its_rows(monkeypatch)
 
     fitted = []
 
-    def fake_fit(group, samples, **kw):
-        fitted.append((group, len(samples)))
-        return T.GroupModel(group, np.zeros(N_FEATURES), np.ones(N_FEATURES),
-                            [(np.zeros((2, N_FEATURES)), np.zeros(2)),
-                             (np.zeros((2, 2)), np.zeros(2)), (np.zeros(2), 0.0)], 1.0, 1.0)
+    def fake_fit(plan, **kw):
+        out = {}
+        for group, samples, _ in plan:
+            fitted.append((group, len(samples)))
+            out[group] = T.GroupModel(group, np.zeros(N_FEATURES), np.ones(N_FEATURES),
+                                      [(np.zeros((2, N_FEATURES)), np.zeros(2)),
+                                       (np.zeros((2, 2)), np.zeros(2)), (np.zeros(2), 0.0)],
+                                      1.0, 1.0)
+        return out
 
-    monkeypatch.setattr(T, "fit_distilled", fake_fit)
+    monkeypatch.setattr(T, "fit_distilled_groups", fake_fit)
 
     def rows(family, gpu, n=60):
         dims = np.ones((n, L.MAX_DIMS), dtype=np.int64) * 8
