@@ -32,7 +32,8 @@ import numpy as np
 from numba import njit, prange
 
 from predictor.kernels import layout as L
-from predictor.kernels.features import (G_BMM, N_FEATURES, learned_us, row_features,
+from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_features,
+                                        learned_time_us, learned_us, row_features,
                                         serving_group)
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
@@ -107,21 +108,33 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
     ms_per_us = count[i] * 1e-3
     scaled = cal_us.shape[0] > 0 and cal_us[i] > 0.0
     group = serving_group(fam, d, mlp)
-    # (A batched GEMM takes the scalar path: its time is two networks'
-    # maximum, optime.learned_row_us.)
-    if has_group(mlp, group) and group != G_BMM and not rewrites(fam, dt, params) \
+    if has_group(mlp, group) and not rewrites(fam, dt, params) \
             and not is_layout_transpose(fam, d):
         # The learned model, for the whole block of GPUs in one forward pass:
         # the block form of optime.op_time_us (the tests hold the two equal).
-        x, eta, zbuf, hbuf, acc = scratch
+        x, eta, zbuf, hbuf, acc, ideal, eta_one, one = scratch
         for g in range(g0, g1):
-            row_features(fam, dt, d, gpus[g], params, x[g - g0])
-        # All lanes of the scratch: the rows past g1 - g0 stay zero (finite,
-        # ignored), and full vectors run faster than a scalar remainder.
+            ideal[g - g0] = group_features(group, fam, dt, d, gpus[g], params, mlp, x[g - g0])
+        # All lanes of the scratch: the rows past g1 - g0 hold finite values
+        # that are ignored, and full vectors run faster than a scalar remainder.
         efficiency_block(mlp, group, x, x.shape[0], eta, zbuf, hbuf, acc)
+        # A batched GEMM: never below one of its GEMMs alone under the matmul
+        # network (optime.learned_row_us), a second pass over the block.
+        floor = group == G_BMM and has_group(mlp, G_MATMUL)
+        if floor:
+            for j in range(min(one.shape[0], d.shape[0])):
+                one[j] = d[j]
+            one[0] = 1
+            for g in range(g0, g1):
+                row_features(fam, dt, one, gpus[g], params, x[g - g0])
+            efficiency_block(mlp, G_MATMUL, x, x.shape[0], eta_one, zbuf, hbuf, acc)
         for g in range(g0, g1):
             e = with_chip(mlp, group, eta[g - g0], gpus[g, L.G_CHIP])
-            t = learned_us(fam, dt, d, gpus[g], params, e) + kern * params[P_LAUNCH_US]
+            t = learned_time_us(group, fam, dt, d, gpus[g], params, ideal[g - g0], e)
+            if floor:
+                e = with_chip(mlp, G_MATMUL, eta_one[g - g0], gpus[g, L.G_CHIP])
+                t = max(t, learned_us(fam, dt, one, gpus[g], params, e))
+            t += kern * params[P_LAUNCH_US]
             if fam == L.LSTM or fam == L.LSTM_BWD:
                 t += d[0] * params[P_LSTM_STEP_US]
             if scaled:
@@ -141,7 +154,8 @@ def _scratch(mlp, n):
     rounded up to whole vectors (_LANES)."""
     lanes = (n + _LANES - 1) // _LANES * _LANES
     zbuf, hbuf, acc = block_scratch(mlp, lanes)
-    return np.zeros((lanes, N_FEATURES)), np.empty(lanes), zbuf, hbuf, acc
+    return (np.zeros((lanes, N_FEATURES)), np.empty(lanes), zbuf, hbuf, acc, np.empty(lanes),
+            np.empty(lanes), np.zeros(L.MAX_DIMS, dtype=np.int64))
 
 
 @njit(cache=True)
