@@ -183,15 +183,8 @@ def tile_work(tile_m, tile_n, k) -> tuple[np.ndarray, np.ndarray]:
 def _chosen_tiles(s, rows: np.ndarray, params: np.ndarray):
     """(candidate index, SM count, B-transposed flag) of the matmul `rows` of
     OpSamples `s` under the tile rule `params`, each on its own GPU."""
-    d = s.dims[rows]
-    gpus = sorted(set(s.gpu[rows]))
-    ccs = {g: C.cc_major(g) for g in gpus}
-    smss = {g: int(hardware.get(g).spec["sms"]) for g in gpus}
-    cc = np.array([ccs[g] for g in s.gpu[rows]], dtype=np.int64)
-    sms = np.array([smss[g] for g in s.gpu[rows]], dtype=np.int64)
-    b_t = ((d[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
-    c = T.choose_tiles(params, cc, sms, d[:, 0], d[:, 1], d[:, 2], d[:, 3], b_t, True)
-    return c, sms, b_t
+    ts = C.tile_samples(s.subset(rows))
+    return C.predict(params, ts), ts.sms, ts.b_t
 
 
 @njit(cache=True)

@@ -8,6 +8,7 @@ features they will see at prediction time. The data is read from a path
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +55,6 @@ class OpSamples:
     def fingerprint(self) -> str:
         """A hash of every column: equal samples, equal fingerprint (what
         training on them gives is then the same)."""
-        import hashlib
-
         h = hashlib.sha256()
         for name in ("op", "gpu"):
             h.update("\0".join(map(str, getattr(self, name))).encode())

@@ -25,6 +25,7 @@ import pandas as pd
 from predictor import hardware, tiles
 from predictor.calibration import datasets as D
 from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
 from predictor.kernels import tiles as T
 
 COMMAND = "python -m calibration.tiles --data ../shared/data/neusight"
@@ -94,26 +95,34 @@ def load(data: str | Path, ops=("linear", "bmm")) -> TileSamples:
 
 
 
-def from_samples(samples: D.OpSamples) -> TileSamples:
-    """The GEMMs of measured ops (``datasets.OpSamples``) whose kernel named
-    its tile, as TileSamples: what the batched-GEMM model's tile rule is
-    fitted on, so that a model trained without a GPU's measurements has a
-    rule that never saw that GPU's kernels either."""
-    from predictor.kernels import layout as L
-
-    s = samples.subset((samples.family == L.MATMUL) & (samples.tile >= 0))
-    gpus = sorted(set(s.gpu))
+def tile_samples(samples: D.OpSamples) -> TileSamples:
+    """The GEMM rows of measured ops (``datasets.OpSamples``, matmul rows
+    only) as TileSamples, each on its own GPU; `cand` is the tile its kernel
+    named (-1 where none)."""
+    gpus = sorted(set(samples.gpu))
     cc = {g: cc_major(g) for g in gpus}
     sms = {g: int(hardware.get(g).spec["sms"]) for g in gpus}
-    b_t = ((s.dims[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
-    cand = s.tile.astype(np.int64)
+    b_t = ((samples.dims[:, L.GEMM_LAYOUT] & L.GEMM_B_T) != 0).astype(np.int64)
+    cand = samples.tile.astype(np.int64)
+    named = cand >= 0
+    tile_m = np.where(named, T.CANDIDATES[cand, 0], 0)
+    tile_n = np.where(named, T.CANDIDATES[cand, 1], 0)
     return TileSamples(
-        op=np.where(b_t == 1, "linear", "bmm").astype(object), gpu=s.gpu,
-        cc_major=np.array([cc[g] for g in s.gpu], dtype=np.int64),
-        sms=np.array([sms[g] for g in s.gpu], dtype=np.int64),
-        bt=s.dims[:, 0], m=s.dims[:, 1], n=s.dims[:, 2], k=s.dims[:, 3], b_t=b_t,
-        tile_m=T.CANDIDATES[cand, 0], tile_n=T.CANDIDATES[cand, 1], cand=cand,
-        split=np.ones(len(s), dtype=np.int64))
+        op=np.where(b_t == 1, "linear", "bmm").astype(object), gpu=samples.gpu,
+        cc_major=np.array([cc[g] for g in samples.gpu], dtype=np.int64),
+        sms=np.array([sms[g] for g in samples.gpu], dtype=np.int64),
+        bt=samples.dims[:, 0], m=samples.dims[:, 1], n=samples.dims[:, 2], k=samples.dims[:, 3],
+        b_t=b_t, tile_m=tile_m, tile_n=tile_n, cand=cand,
+        split=np.ones(len(samples), dtype=np.int64))
+
+
+def from_samples(samples: D.OpSamples) -> TileSamples:
+    """The GEMMs of measured ops whose kernel named its tile, as TileSamples:
+    what the batched-GEMM model's tile rule is fitted on, so that a model
+    trained without a GPU's measurements has a rule that never saw that
+    GPU's kernels either."""
+    return tile_samples(samples.subset((samples.family == L.MATMUL) & (samples.tile >= 0)))
+
 
 def fit(s: TileSamples, *, iters: int = 300) -> np.ndarray:
     """Fit the flat parameter array of `tiles.choose_tile` on samples whose

@@ -38,6 +38,7 @@ import numpy as np
 
 from predictor import hardware
 from predictor.opmodel import MAX_CHIP_CORRECTION
+from predictor.calibration import tiles as C
 from predictor.calibration.datasets import OpSamples, load_train
 from predictor.kernels import layout as L
 from predictor.kernels.features import (G_BMM, G_CONV, G_MATMUL, GROUP_NAMES, N_FEATURES,
@@ -358,7 +359,7 @@ def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int
     distilled network as its ensemble is done, so that no core waits while
     one group distils. Each fit is seeded and single-threaded, so the result
     does not depend on where or in which order it runs."""
-    def finished(_job=None):
+    def finished():
         if progress is not None:
             for _ in range(epochs):
                 progress()
@@ -540,8 +541,6 @@ def tile_rule(samples: OpSamples) -> np.ndarray:
     """The GEMM tile rule of the batched-GEMM group, fitted on the GEMMs of
     `samples` whose kernels named their tile (``calibration.tiles``); the
     analytical fallback (no parameters) where none did."""
-    from predictor.calibration import tiles as C
-
     s = C.from_samples(samples)
     return C.fit(s) if len(s) else np.zeros(0)
 
@@ -557,13 +556,13 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
     (leave-one-GPU-out sets of a GPU without files of that op) fit it once."""
     # The matmul network is fitted on batched GEMMs too: they are the data's
     # only `x @ W` kernels, and it prices unbatched ones.
-    group = row_groups(samples, bmm=False)
+    fitted_on = row_groups(samples, bmm=False)
+    batched = row_groups(samples) == G_BMM
     models, plan, rules, keys = {}, [], {}, {}
     for g in range(N_GROUPS):
         if groups is not None and g not in groups:
             continue
-        mask = (samples.family == L.MATMUL) & (samples.dims[:, 0] > 1) if g == G_BMM \
-            else group == g
+        mask = batched if g == G_BMM else fitted_on == g
         if mask.sum() < 50:
             continue
         key = None

@@ -208,12 +208,10 @@ def group_features(group, family, dtype_code, d, gpu, params, mlp, out):
 
 
 @njit(cache=True)
-def learned_time_us(group, family, dtype_code, d, gpu, params, ideal, eta):
-    """A row's time at learned efficiency `eta` of `group`'s network, its
-    ideal time `ideal` from `group_features`: `learned_us`, with a batched
-    GEMM's ideal the waves of its tiles."""
-    if group != G_BMM:
-        return learned_us(family, dtype_code, d, gpu, params, eta)
+def learned_time_us(family, dtype_code, d, gpu, params, ideal, eta):
+    """`learned_us` with the row's ideal time `ideal` from `group_features`
+    (for a batched GEMM, the waves of its tiles; else `ideal_us`, so that it
+    is `learned_us` itself)."""
     t_m = roofline_us(family, dtype_code, d, gpu, params)[1]
     return max(ideal / eta, t_m / ACHIEVABLE_DRAM)
 

@@ -130,7 +130,7 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
             efficiency_block(mlp, G_MATMUL, x, x.shape[0], eta_one, zbuf, hbuf, acc)
         for g in range(g0, g1):
             e = with_chip(mlp, group, eta[g - g0], gpus[g, L.G_CHIP])
-            t = learned_time_us(group, fam, dt, d, gpus[g], params, ideal[g - g0], e)
+            t = learned_time_us(fam, dt, d, gpus[g], params, ideal[g - g0], e)
             if floor:
                 e = with_chip(mlp, G_MATMUL, eta_one[g - g0], gpus[g, L.G_CHIP])
                 t = max(t, learned_us(fam, dt, one, gpus[g], params, e))

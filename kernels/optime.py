@@ -55,7 +55,7 @@ def learned_row_us(group, family, dtype_code, d, gpu, params, mlp, isolated):
     hidden = np.empty(MAX_HIDDEN)
     ideal = group_features(group, family, dtype_code, d, gpu, params, mlp, x)
     eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
-    t = learned_time_us(group, family, dtype_code, d, gpu, params, ideal, eta)
+    t = learned_time_us(family, dtype_code, d, gpu, params, ideal, eta)
     if isolated:
         t += floor_us(mlp, group)
     if group == G_BMM and has_group(mlp, G_MATMUL):
@@ -63,7 +63,7 @@ def learned_row_us(group, family, dtype_code, d, gpu, params, mlp, isolated):
         one[0] = 1
         ideal = group_features(G_MATMUL, family, dtype_code, one, gpu, params, mlp, x)
         eta = chip_efficiency(mlp, G_MATMUL, x, hidden, gpu[L.G_CHIP])
-        alone = learned_time_us(G_MATMUL, family, dtype_code, one, gpu, params, ideal, eta)
+        alone = learned_time_us(family, dtype_code, one, gpu, params, ideal, eta)
         t = max(t, alone + floor_us(mlp, G_MATMUL) if isolated else alone)
     return t
 

@@ -191,7 +191,6 @@ def n_params(n_arch: int) -> int:
     return N_TILE_FEATURES + 2 * N_CAND + n_arch * ARCH_STRIDE
 
 
-
 def tile_rule_problem(n: int) -> str | None:
     """What is wrong with a tile rule of `n` parameters (None: nothing): the
     shared weights and biases, then whole per-architecture blocks."""
@@ -199,6 +198,7 @@ def tile_rule_problem(n: int) -> str | None:
     if n < base or (n - base) % ARCH_STRIDE:
         return f"a GEMM tile rule of {n} numbers (expected {base} + a multiple of {ARCH_STRIDE})"
     return None
+
 
 @njit(cache=True)
 def _arch_offset(params, cc_major):

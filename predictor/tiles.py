@@ -12,7 +12,7 @@ from importlib import resources
 import numpy as np
 
 from predictor import hardware
-from predictor.hardware import cc_major  # noqa: F401  (the tile rule's architecture key)
+from predictor.hardware import cc_major
 from predictor.errors import PredictorError, WeightsError
 from predictor.kernels import layout as L
 from predictor.kernels.tiles import (CANDIDATES, TILES_FILE, TILES_FORMAT, choose_tile,
