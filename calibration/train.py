@@ -85,7 +85,8 @@ class GroupModel:
     floor_us: float
     eta_max: float
     # The numbers the group's features need beside the op and the GPU (packed
-    # as its auxiliary numbers): the batched-GEMM group's tile rule.
+    # as its auxiliary numbers): the batched-GEMM group's tile rule, the
+    # matmul and conv groups' SM range (`sm_range`).
     aux: np.ndarray | None = None
 
     def times_us(self, x: np.ndarray, ideal: np.ndarray) -> np.ndarray:
@@ -545,6 +546,15 @@ def tile_rule(samples: OpSamples) -> np.ndarray:
     return C.fit(s) if len(s) else np.zeros(0)
 
 
+def sm_range(samples: OpSamples) -> np.ndarray:
+    """[fewest, most] SMs of the GPUs of `samples`: the range a GEMM or conv
+    network carries (``features.sm_range``), outside which it describes a
+    GPU as one of as many SMs as the nearest end of the range."""
+    db = hardware.database()
+    sms = [db.get(g).features[L.G_SMS] for g in sorted(set(samples.gpu))]
+    return np.array([min(sms), max(sms)], dtype=np.float64)
+
+
 def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
           progress=None, chips: bool = True, ensemble: int = ENSEMBLE,
           group_cache: dict | None = None) -> np.ndarray:
@@ -558,7 +568,7 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
     # only `x @ W` kernels, and it prices unbatched ones.
     fitted_on = row_groups(samples, bmm=False)
     batched = row_groups(samples) == G_BMM
-    models, plan, rules, keys = {}, [], {}, {}
+    models, plan, auxes, keys = {}, [], {}, {}
     for g in range(N_GROUPS):
         if groups is not None and g not in groups:
             continue
@@ -573,16 +583,18 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
             if key in group_cache:
                 models[g] = group_cache[key]
                 continue
-        featurize, rule = None, None
+        featurize, aux = None, None
         if g == G_BMM:
-            rule = tile_rule(samples)
-            featurize = functools.partial(features, tiles=rule)
+            aux = tile_rule(samples)
+            featurize = functools.partial(features, tiles=aux)
+        elif g in (G_MATMUL, G_CONV):
+            aux = sm_range(samples.subset(mask))
         plan.append((g, samples.subset(mask), featurize))
-        rules[g], keys[g] = rule, key
+        auxes[g], keys[g] = aux, key
     fitted = fit_distilled_groups(plan, seed=seed, epochs=epochs, ensemble=ensemble,
                                   progress=progress)
     for g, m in fitted.items():
-        m.aux = rules[g]
+        m.aux = auxes[g]
         models[g] = m
         if keys[g] is not None:
             group_cache[keys[g]] = m

@@ -20,6 +20,16 @@ Batched GEMMs have a group of their own (G_BMM) with NeuSight's inputs
 instead: the GEMM as waves of thread-block tiles seen from one SM
 (`bmm_features`); the tile comes from the GEMM tile rule the weights carry
 (``kernels.mlp.group_aux``).
+
+The wave features still carry the SM count, and five GPUs' worth of it acts
+as an identity that a network extrapolates along. So a GEMM or convolution
+on a GPU whose SM count lies outside the training GPUs' (the range the
+matmul and conv groups carry as their auxiliary numbers) is described as on
+that GPU with its SM count clamped into the range, every SM keeping its own
+FLOP/s and bandwidth (`sm_clamped`), and priced at that efficiency over its
+own ideal time: a GEMM of many waves runs wave after wave at one wave's
+time whatever the SM count. Memory-bound rows keep their own GPU (DRAM
+bandwidth is the chip's, not the SMs' share: fewer SMs can use all of it).
 """
 
 from __future__ import annotations
@@ -196,14 +206,52 @@ def bmm_features(dtype_code, d, gpu, params, tiles, out):
     return max(t_c, t_m, 1e-6)
 
 
+# What a GPU's SMs each have a share of (`sm_clamped`).
+PER_SM_FIELDS = (L.G_SMS, L.G_MEM_BW_GBS, L.G_L2_MB, L.G_FP32_TFLOPS, L.G_TF32_TFLOPS,
+                 L.G_FP16_TFLOPS, L.G_BF16_TFLOPS, L.G_FP64_TFLOPS, L.G_FP8_TFLOPS, L.G_TDP_W)
+
+
+@njit(cache=True)
+def sm_clamped(gpu, lo, hi):
+    """`gpu` with its SM count clamped to [lo, hi], each SM keeping its own
+    share of the FLOP/s, DRAM bandwidth, L2 and board power."""
+    out = gpu.copy()
+    sms = gpu[L.G_SMS]
+    c = min(max(sms, lo), hi)
+    if c != sms and sms > 0:
+        for j in PER_SM_FIELDS:
+            out[j] = gpu[j] * (c / sms)
+    return out
+
+
+@njit(cache=True)
+def sm_range(mlp, group):
+    """(lo, hi): the SM counts of the GPUs `group`'s network was trained on
+    (the batched-GEMM group's are the matmul group's, fitted on every GEMM);
+    (0, inf) for weights without them."""
+    aux = group_aux(mlp, G_MATMUL if group == G_BMM else group)
+    if (group == G_MATMUL or group == G_CONV or group == G_BMM) and aux.shape[0] == 2:
+        return aux[0], aux[1]
+    return 0.0, math.inf
+
+
 @njit(cache=True)
 def group_features(group, family, dtype_code, d, gpu, params, mlp, out):
     """Fill `out[:N_FEATURES]` for a row priced by `group`'s network of
     weights `mlp` (`serving_group`); returns the row's ideal time (us), the
-    time `learned_time_us` divides by the efficiency."""
+    time `learned_time_us` divides by the efficiency. A GEMM or convolution
+    on a GPU of more or fewer SMs than the network was trained on is
+    described on the GPU's `sm_clamped` self (module docstring); its ideal
+    time stays its own."""
+    lo, hi = sm_range(mlp, group)
+    outside = gpu[L.G_SMS] < lo or gpu[L.G_SMS] > hi
     if group == G_BMM:
-        return bmm_features(dtype_code, d, gpu, params, group_aux(mlp, G_BMM), out)
-    row_features(family, dtype_code, d, gpu, params, out)
+        ideal = bmm_features(dtype_code, d, gpu, params, group_aux(mlp, G_BMM), out)
+        if outside:
+            bmm_features(dtype_code, d, sm_clamped(gpu, lo, hi), params,
+                         group_aux(mlp, G_BMM), out)
+        return ideal
+    row_features(family, dtype_code, d, sm_clamped(gpu, lo, hi) if outside else gpu, params, out)
     return ideal_us(family, dtype_code, d, gpu, params)
 
 

@@ -33,8 +33,7 @@ from numba import njit, prange
 
 from predictor.kernels import layout as L
 from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_features,
-                                        learned_time_us, learned_us, row_features,
-                                        serving_group)
+                                        learned_time_us, learned_us, serving_group)
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
@@ -126,7 +125,7 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
                 one[j] = d[j]
             one[0] = 1
             for g in range(g0, g1):
-                row_features(fam, dt, one, gpus[g], params, x[g - g0])
+                group_features(G_MATMUL, fam, dt, one, gpus[g], params, mlp, x[g - g0])
             efficiency_block(mlp, G_MATMUL, x, x.shape[0], eta_one, zbuf, hbuf, acc)
         for g in range(g0, g1):
             e = with_chip(mlp, group, eta[g - g0], gpus[g, L.G_CHIP])

@@ -38,7 +38,7 @@ def layout_problem(mlp: np.ndarray) -> str | None:
     damaged or foreign array is refused before the numba forward pass reads
     past its end or divides by a zero scale. An empty array is valid: no
     learned models, the analytical model alone."""
-    from predictor.kernels.features import G_BMM, N_FEATURES, N_GROUPS
+    from predictor.kernels.features import G_BMM, G_CONV, G_MATMUL, N_FEATURES, N_GROUPS
     from predictor.kernels.tiles import tile_rule_problem
     from predictor.kernels.mlp import HEADER, layer_offsets
     from predictor.kernels.optime import MAX_HIDDEN
@@ -68,6 +68,10 @@ def layout_problem(mlp: np.ndarray) -> str | None:
             return f"group {g}: auxiliary numbers run past the end of the array"
         if g == G_BMM and n_aux != 0 and tile_rule_problem(int(n_aux)):
             return f"group {g}: {tile_rule_problem(int(n_aux))}"
+        if g in (G_MATMUL, G_CONV) and n_aux != 0:
+            lo, hi = (mlp[int(a_off):int(a_off) + 2] if n_aux == 2 else (0.0, 0.0))
+            if not 0 < lo <= hi:
+                return f"group {g}: the SM range is not two counts, fewest first"
         c_off, n_corr = mlp[1 + HEADER * g + 6:1 + HEADER * g + 8]
         if n_corr == 0:
             continue

@@ -321,6 +321,32 @@ def forward_equivalent(family: int, d):
     return L.LAYER_NORM, f
 
 
+def sm_clamped(gpu, lo: float, hi: float) -> list[float]:
+    """features.sm_clamped."""
+    out = [float(x) for x in gpu]
+    sms = out[L.G_SMS]
+    c = min(max(sms, lo), hi)
+    if c != sms and sms > 0:
+        for j in features.PER_SM_FIELDS:
+            out[j] = gpu[j] * (c / sms)
+    return out
+
+
+def sm_range(mlp, group: int) -> tuple[float, float]:
+    """features.sm_range."""
+    aux = group_aux(mlp, features.G_MATMUL if group == features.G_BMM else group)
+    if group in (features.G_MATMUL, features.G_CONV, features.G_BMM) and len(aux) == 2:
+        return aux[0], aux[1]
+    return 0.0, math.inf
+
+
+def described_gpu(mlp, group: int, gpu):
+    """The GPU a GEMM or conv row's features describe (features.group_features):
+    its sm_clamped self outside the network's SM range."""
+    lo, hi = sm_range(mlp, group)
+    return sm_clamped(gpu, lo, hi) if not lo <= gpu[L.G_SMS] <= hi else gpu
+
+
 def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     """The learned models' input vector for one row on one GPU."""
     family, d = forward_equivalent(family, d)
@@ -499,7 +525,9 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
     if group == features.G_BMM:
-        x, ideal = bmm_features(dtype_code, d, gpu, params, group_aux(mlp, group))
+        _, ideal = bmm_features(dtype_code, d, gpu, params, group_aux(mlp, group))
+        x, _ = bmm_features(dtype_code, d, described_gpu(mlp, group, gpu), params,
+                            group_aux(mlp, group))
         eta = with_chip(mlp, group, efficiency(mlp, group, x), gpu[L.G_CHIP])
         _, elems = flops_and_elems(family, d)  # features.learned_time_us
         dram = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
@@ -508,12 +536,16 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
             one = [1] + list(d[1:])
             eta = with_chip(mlp, features.G_MATMUL,
                             efficiency(mlp, features.G_MATMUL,
-                                       row_features(family, dtype_code, one, gpu, params)),
+                                       row_features(family, dtype_code, one,
+                                                    described_gpu(mlp, features.G_MATMUL, gpu),
+                                                    params)),
                             gpu[L.G_CHIP])
             t = max(t, learned_us(family, dtype_code, one, gpu, params, eta))
     else:
         eta = with_chip(mlp, group, efficiency(mlp, group,
-                                               row_features(family, dtype_code, d, gpu, params)),
+                                               row_features(family, dtype_code, d,
+                                                            described_gpu(mlp, group, gpu),
+                                                            params)),
                         gpu[L.G_CHIP])
         t = learned_us(family, dtype_code, d, gpu, params, eta)
     t += kernels * params[R.P_LAUNCH_US]
