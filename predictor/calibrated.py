@@ -268,9 +268,15 @@ class Scaling:
                 self._blended = blend(self.cal_us, f_o, w)
         return self._blended
 
-    def basis(self, default: np.ndarray) -> np.ndarray:
-        """Per-row basis codes: calibrated where measured, else `default`."""
-        return np.where(self.measured, L.BASIS_CALIBRATED, default).astype(np.int64)
+    def basis(self, default: np.ndarray, gpu_id: str | None = None) -> np.ndarray:
+        """Per-row basis codes: calibrated where a measurement shapes the
+        time on `gpu_id` (measured, and on the origin's chip or of a group
+        whose blend weight is above 0), else `default`."""
+        used = self.measured
+        ops, device, is_cpu = self._args
+        if not is_cpu and gpu_id is not None and not alike(device, gpu_id):
+            used = used & (blend_weights()[ops.family] > 0.0)
+        return np.where(used, L.BASIS_CALIBRATED, default).astype(np.int64)
 
 
 # ------------------------------------------------------------ engine glue --
@@ -402,7 +408,8 @@ def evaluate_ops(calibration, ops, batch: int, gpu_row: np.ndarray, params: np.n
                  gpu_id: str | None = None):
     """(per-row us of one execution, per-row basis codes) at `batch` on one GPU
     (`gpu_id`: its id, which decides the blend; None: the GPU whose feature
-    row is `gpu_row`)."""
+    row is `gpu_row`; `default_basis`: the basis of a row no measurement
+    shapes)."""
     if calibration.is_cpu:
         mlp = np.zeros(0)
     s = Scaling(calibration, ops, int(batch), params)
@@ -413,6 +420,6 @@ def evaluate_ops(calibration, ops, batch: int, gpu_row: np.ndarray, params: np.n
     per_op(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(batch), gpu_row,
            s.params, mlp, cal_us, s.cal_batch, s.origin, out)
     out += s.extra_us
-    if default_basis is None:
+    if default_basis is None or calibration.is_cpu:  # a CPU's rows: no learned model
         default_basis = np.full(len(ops), L.BASIS_ANALYTICAL, dtype=np.int64)
-    return out, s.basis(default_basis)
+    return out, s.basis(default_basis, gpu_id)

@@ -208,8 +208,10 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
     per_op = np.zeros(len(ops))
     basis = None
     if calibration is not None:
-        per_op, basis = calibrated.evaluate_ops(calibration, ops, b, g.features,
-                                             model_params(tf32_matmul, tf32_conv), _mlp())
+        params = model_params(tf32_matmul, tf32_conv)
+        per_op, basis = calibrated.evaluate_ops(calibration, ops, b, g.features, params,
+                                                _mlp(), predicted_basis(ops, g.features, params),
+                                                gpu_id=g.id)
     else:
         evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
                      g.features, model_params(tf32_matmul, tf32_conv), _mlp(),

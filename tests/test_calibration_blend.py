@@ -162,12 +162,33 @@ def test_blend_zero_is_pure_and_same_chip_is_the_plain_ratio(graph, monkeypatch)
     np.testing.assert_allclose(same[1:], cal.measured_us[0][1:] * f_t[1:] / f_o[1:], rtol=1e-9)
 
 
+def test_basis_says_calibrated_only_where_a_measurement_counts(graph, monkeypatch):
+    """On another chip a row whose group has blend weight 0 is the model's
+    time and says so; on the origin's chip every measured row is calibrated."""
+    cal = _calibration(graph)
+    w_fam = np.ones(L.N_FAMILIES)
+    w_fam[L.MATMUL] = 0.0
+    monkeypatch.setattr(calibrated, "blend_weights", lambda: w_fam)
+    other = predictor.predict(graph, "H100-SXM5-80GB", calibration=cal, batch_size=8)
+    pure = predictor.predict(graph, "H100-SXM5-80GB", batch_size=8)
+    fam = graph.ops.family
+    measured = cal.measured_us[0] > 0
+    gemm = (fam == L.MATMUL) & measured
+    assert gemm.any() and (~gemm & measured).any()
+    np.testing.assert_array_equal(other.op_basis[gemm], pure.op_basis[gemm])
+    assert (other.op_basis[gemm] != L.BASIS_CALIBRATED).all()
+    assert (other.op_basis[~gemm & measured] == L.BASIS_CALIBRATED).all()
+    assert (other.op_basis[~measured] == pure.op_basis[~measured]).all()
+    same = predictor.predict(graph, cal.device, calibration=cal, batch_size=8)
+    assert (same.op_basis[measured] == L.BASIS_CALIBRATED).all()
+
+
 # ---------------------------------------------------------------- data --
 
 def test_blend_fit_on_measured_pairs(data_dir):
-    """On two training GPUs' shared GEMM shapes the fitted w is the best blend:
-    its log error is no larger than the ratio's (w = 1) or the model's (w = 0),
-    and it is what pooling pairs in fit_weights computes."""
+    """On two training GPUs' shared GEMM shapes the fitted w makes neither
+    pair worse than the model alone, has the lowest mean error of the grid
+    weights that do, and leaving a GPU out drops every pair it is in."""
     import pandas as pd
 
     from predictor.calibration import blend as B
@@ -180,14 +201,20 @@ def test_blend_fit_on_measured_pairs(data_dir):
                                   ("T4", "A100-PCIE-40GB"))], ignore_index=True)
     assert len(res) > 500 and np.isfinite(res[["r_o", "r_t"]].to_numpy()).all()
     w = B.fit_weights(res)
-    assert set(w) == {"matmul"} and 0.0 <= w["matmul"] <= 1.0
+    assert set(w) == {"matmul"} and w["matmul"] in B.WEIGHT_GRID
 
-    def sse(v):
-        return float(((res["r_t"] - v * res["r_o"]) ** 2).sum())
+    def mape(v, part):
+        return float(np.abs(np.expm1(v * part["r_o"] - part["r_t"])).mean() * 100)
 
-    assert sse(w["matmul"]) <= min(sse(0.0), sse(1.0)) + 1e-9
-    # Excluding a GPU drops every pair it is in.
+    pairs = [p for _, p in res.groupby(["origin", "target"])]
+    assert len(pairs) == 2
+    for part in pairs:
+        assert mape(w["matmul"], part) <= mape(0.0, part) + 1e-9
+    safe = [v for v in B.WEIGHT_GRID if all(mape(v, p) <= mape(0.0, p) + 1e-9 for p in pairs)]
+    best = min(safe, key=lambda v: np.mean([mape(v, p) for p in pairs]))
+    assert w["matmul"] == pytest.approx(best)
+    # Excluding a GPU drops every pair it is in: the V100 -> P100 pair alone.
     only = B.fit_weights(res, exclude={"T4"})
     sub = res[res["origin"] == "V100-PCIE-32GB"]
-    direct = (sub["r_o"] * sub["r_t"]).sum() / (sub["r_o"] ** 2).sum()
-    assert only["matmul"] == pytest.approx(float(np.clip(direct, 0, 1)))
+    grid = [v for v in B.WEIGHT_GRID if mape(v, sub) <= mape(0.0, sub) + 1e-9]
+    assert only["matmul"] == pytest.approx(min(grid, key=lambda v: mape(v, sub)))
