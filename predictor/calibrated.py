@@ -324,6 +324,44 @@ def extrapolation_note(calibration, batch_sizes) -> str | None:
             "with --calibrate-at)")
 
 
+# Model groups as `transfer_note` names them.
+_GROUP_WORDS = {"matmul": "GEMM", "bmm": "batched GEMM", "layer_norm": "layer norm"}
+
+
+def transfer_note(calibration, ops, gpu_ids) -> str | None:
+    """One line when some of `gpu_ids` lie on another chip than the
+    calibrated GPU and some measured rows' groups have a blend weight below 1
+    there: which measurements are not used (weight 0) and which are blended
+    (see `blend`). None for a CPU calibration or when every target is the
+    origin's chip."""
+    if calibration.is_cpu:
+        return None
+    others = [g for g in gpu_ids if not alike(calibration.device, g)]
+    measured = np.asarray(calibration.measured_us).max(axis=0) > 0
+    if not others or not measured.any():
+        return None
+    w = blend_weights()
+    groups: dict[str, float] = {}
+    for fam in np.unique(np.asarray(ops.family)[measured]):
+        g = group_of(int(fam))
+        if g >= 0 and w[fam] < 1.0:
+            groups[_GROUP_WORDS.get(GROUP_NAMES[g], GROUP_NAMES[g])] = float(w[fam])
+    if not groups:
+        return None
+    shown = ", ".join(str(getattr(g, "id", g)) for g in others[:3]) + (
+        ", ..." if len(others) > 3 else "")
+    unused = sorted(k for k, v in groups.items() if v <= 0.0)
+    blended = sorted(f"{k} (weight {v:.2f})" for k, v in groups.items() if v > 0.0)
+    parts = []
+    if unused:
+        parts.append(f"{', '.join(unused)} ops get the model's time (their measured error "
+                     "does not carry across chips)")
+    if blended:
+        parts.append(f"{', '.join(blended)} ops blend the measurement with the model")
+    return (f"calibrated on {calibration.device}: on another chip ({shown}) "
+            + "; ".join(parts) + "; the calibrated chip uses every measurement")
+
+
 def check_compatible(calibration, graph, ops, tf32_matmul=None, tf32_conv=None) -> None:
     """Refuse predictions the measurements cannot anchor."""
     calibration.check_graph(graph)

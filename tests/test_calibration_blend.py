@@ -183,6 +183,23 @@ def test_basis_says_calibrated_only_where_a_measurement_counts(graph, monkeypatc
     assert (same.op_basis[measured] == L.BASIS_CALIBRATED).all()
 
 
+def test_transfer_note_names_what_another_chip_uses(graph, monkeypatch):
+    cal = _calibration(graph)
+    w_fam = np.ones(L.N_FAMILIES)
+    w_fam[L.MATMUL] = 0.0
+    w_fam[[L.CONV, L.CONV_DGRAD, L.CONV_WGRAD]] = 0.7
+    monkeypatch.setattr(calibrated, "blend_weights", lambda: w_fam)
+    note = calibrated.transfer_note(cal, graph.ops, ["H100-SXM5-80GB", cal.device])
+    assert note.startswith(f"calibrated on {cal.device}: on another chip (H100-SXM5-80GB)")
+    assert "GEMM ops get the model's time" in note
+    assert "conv (weight 0.70) ops blend" in note
+    assert "\n" not in note
+    # Only the calibrated chip asked, or every weight 1: nothing to say.
+    assert calibrated.transfer_note(cal, graph.ops, [cal.device]) is None
+    monkeypatch.setattr(calibrated, "blend_weights", lambda: np.ones(L.N_FAMILIES))
+    assert calibrated.transfer_note(cal, graph.ops, ["H100-SXM5-80GB"]) is None
+
+
 # ---------------------------------------------------------------- data --
 
 def test_blend_fit_on_measured_pairs(data_dir):

@@ -140,8 +140,8 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
         trained = ", ".join(opmodel.shipped()[1].get("gpus", []))
         out.append(f"{', '.join(sorted(outside))}: not a chip of the op models' training data "
                    f"({trained}); predicted from the spec sheet, so expect larger errors than "
-                   "on those (README, 'How accurate'); calibrating on a GPU you have narrows "
-                   "them")
+                   "on those (README, 'How accurate'); calibrating on a GPU of its architecture "
+                   "and compute capability narrows them")
     lacking = [g.id for g in gpus if bf16 and g.spec.get("bf16_supported", True) is False]
     if lacking:
         out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "

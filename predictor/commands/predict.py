@@ -99,9 +99,10 @@ def run(args: argparse.Namespace) -> int:
     df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
     lines = notes(graph, gpus, args.dtype) + memory_notes(res)
     if cal is not None:
-        from predictor.calibrated import extrapolation_note
+        from predictor.calibrated import extrapolation_note, transfer_note
 
-        lines += [n for n in (extrapolation_note(cal, [graph.batch_size]),) if n]
+        lines += [n for n in (extrapolation_note(cal, [graph.batch_size]),
+                              transfer_note(cal, graph.ops, gpus)) if n]
     if args.json:
         out = {
             "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,

@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
     _add_cost(best, res)
     lines = notes(graph, gpus, args.dtype)
     if cal is not None:
-        from predictor.calibrated import extrapolation_note
+        from predictor.calibrated import extrapolation_note, transfer_note
 
-        lines += [n for n in (extrapolation_note(cal, res.batch_sizes),) if n]
+        lines += [n for n in (extrapolation_note(cal, res.batch_sizes),
+                              transfer_note(cal, graph.ops, res.gpus)) if n]
     if args.csv:
         from predictor.io import atomic_writer
 
