@@ -8,7 +8,7 @@ import pytest
 
 from predictor import hardware, opmodel, reference
 from predictor.calibration import train as T
-from predictor.calibration.train import GroupModel, pack
+from predictor.calibration.train import pack
 from predictor.engine import model_params
 from predictor.kernels import layout as L
 from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, bmm_features,
@@ -16,6 +16,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, bmm_feature
 from predictor.kernels.tiles import CANDIDATES, choose_tile, fallback_tile
 from predictor.opmodel import predict_rows
 from predictor.tiles import shipped_params
+from random_nets import random_net
 
 
 def _gemm(bt, m, n, k, layout=0):
@@ -23,15 +24,6 @@ def _gemm(bt, m, n, k, layout=0):
     d[:4] = (bt, m, n, k)
     d[L.GEMM_LAYOUT] = layout
     return d
-
-
-def _net(group, seed, aux=None):
-    rng = np.random.default_rng(seed)
-    layers = [(rng.normal(0, 0.4, (8, N_FEATURES)), rng.normal(0, 0.3, 8)),
-              (rng.normal(0, 0.4, (6, 8)), rng.normal(0, 0.3, 6)),
-              (rng.normal(0, 0.4, 6), float(rng.normal(0, 0.3)))]
-    return GroupModel(group, rng.normal(0, 3, N_FEATURES), rng.uniform(0.5, 4, N_FEATURES),
-                      layers, 2.0, 1.0, aux)
 
 
 @pytest.mark.parametrize("gpu", ["T4", "A100-SXM4-80GB", "H100-SXM5-80GB", "MI300X"])
@@ -67,8 +59,8 @@ def test_inputs_are_waves_of_the_rule_tile_per_sm(gpu, shape):
 
 def test_batched_gemms_go_to_their_own_network_and_others_do_not():
     rule = shipped_params()
-    both = pack({G_MATMUL: _net(G_MATMUL, 0), G_BMM: _net(G_BMM, 1, rule)})
-    matmul_only = pack({G_MATMUL: _net(G_MATMUL, 0)})
+    both = pack({G_MATMUL: random_net(G_MATMUL, 0), G_BMM: random_net(G_BMM, 1, rule)})
+    matmul_only = pack({G_MATMUL: random_net(G_MATMUL, 0)})
     assert opmodel.layout_problem(both) is None
     batched, single = _gemm(8, 256, 256, 256), _gemm(1, 2048, 256, 256, L.GEMM_B_T)
     assert serving_group(L.MATMUL, batched, both) == G_BMM
@@ -94,15 +86,15 @@ def test_the_weights_carry_their_tile_rule():
     if learned == fallback:
         pytest.skip("the shipped rule and the fallback agree on this shape")
     fam, dims = np.full(1, L.MATMUL), _gemm(*shape)[None]
-    a = predict_rows(fam, dims, "T4", mlp=pack({G_BMM: _net(G_BMM, 1, rule)}))
-    b = predict_rows(fam, dims, "T4", mlp=pack({G_BMM: _net(G_BMM, 1)}))
+    a = predict_rows(fam, dims, "T4", mlp=pack({G_BMM: random_net(G_BMM, 1, rule)}))
+    b = predict_rows(fam, dims, "T4", mlp=pack({G_BMM: random_net(G_BMM, 1)}))
     assert a[0] != b[0]
 
 
 def test_a_damaged_tile_rule_is_refused(tmp_path):
-    w = pack({G_BMM: _net(G_BMM, 1, shipped_params()[:-3])})
+    w = pack({G_BMM: random_net(G_BMM, 1, shipped_params()[:-3])})
     assert "GEMM tile rule" in opmodel.layout_problem(w)
-    w = pack({G_BMM: _net(G_BMM, 1, shipped_params())})
+    w = pack({G_BMM: random_net(G_BMM, 1, shipped_params())})
     w[1 + T.HEADER * G_BMM + 9] += 1000  # more numbers claimed than stored
     assert "past the end" in opmodel.layout_problem(w)
 
@@ -170,7 +162,7 @@ def test_a_batch_of_two_is_never_faster_than_one_gemm_alone():
     """The two networks meet at batch 1 -> 2: a batched GEMM is floored at one
     of its GEMMs as the matmul network prices it (optime.learned_row_us)."""
     rule = shipped_params()
-    mlp = pack({G_MATMUL: _net(G_MATMUL, 0), G_BMM: _net(G_BMM, 1, rule)})
+    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0), G_BMM: random_net(G_BMM, 1, rule)})
     fam = np.full(2, L.MATMUL)
     for gpu in ("H100-SXM5-80GB", "T4", "P100-PCIE-16GB"):
         for shape in ((28, 308, 419), (512, 64, 64), (7, 4096, 33)):

@@ -11,7 +11,7 @@ import pytest
 from predictor import hardware, opmodel, reference
 from predictor.calibration import datasets as D
 from predictor.calibration import train as T
-from predictor.calibration.train import GroupModel, pack
+from predictor.calibration.train import pack
 from predictor.engine import model_params
 from predictor.kernels import layout as L
 from predictor.kernels.features import (G_BMM, G_CONV, G_ELEMENTWISE, G_MATMUL, N_FEATURES,
@@ -20,15 +20,7 @@ from predictor.kernels.features import (G_BMM, G_CONV, G_ELEMENTWISE, G_MATMUL, 
 from predictor.kernels.mlp import group_aux
 from predictor.kernels.optime import learned_row_us, op_time_us
 from predictor.tiles import shipped_params
-
-
-def _net(group, seed, aux=None):
-    rng = np.random.default_rng(seed)
-    layers = [(rng.normal(0, 0.4, (8, N_FEATURES)), rng.normal(0, 0.3, 8)),
-              (rng.normal(0, 0.4, (6, 8)), rng.normal(0, 0.3, 6)),
-              (rng.normal(0, 0.4, 6), float(rng.normal(0, 0.3)))]
-    return GroupModel(group, rng.normal(0, 3, N_FEATURES), rng.uniform(0.5, 4, N_FEATURES),
-                      layers, 2.0, 1.0, None if aux is None else np.asarray(aux, float))
+from random_nets import random_net
 
 
 def _gemm(bt, m, n, k, layout=L.GEMM_B_T):
@@ -54,23 +46,23 @@ def test_a_clamped_gpu_keeps_each_sms_share():
 
 
 def test_the_range_is_read_from_the_gemm_and_conv_groups_only():
-    mlp = pack({G_MATMUL: _net(G_MATMUL, 0, [40, 108]), G_CONV: _net(G_CONV, 1, [20, 80]),
-                G_BMM: _net(G_BMM, 2, shipped_params()),
-                G_ELEMENTWISE: _net(G_ELEMENTWISE, 3)})
+    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108]), G_CONV: random_net(G_CONV, 1, [20, 80]),
+                G_BMM: random_net(G_BMM, 2, shipped_params()),
+                G_ELEMENTWISE: random_net(G_ELEMENTWISE, 3)})
     assert opmodel.layout_problem(mlp) is None
     assert sm_range(mlp, G_MATMUL) == (40.0, 108.0)
     assert sm_range(mlp, G_CONV) == (20.0, 80.0)
     assert sm_range(mlp, G_BMM) == (40.0, 108.0)  # fitted on every GEMM: the matmul group's
     assert sm_range(mlp, G_ELEMENTWISE) == (0.0, math.inf)
-    old = pack({G_MATMUL: _net(G_MATMUL, 0)})  # weights from before the range: no clamp
+    old = pack({G_MATMUL: random_net(G_MATMUL, 0)})  # weights from before the range: no clamp
     assert sm_range(old, G_MATMUL) == (0.0, math.inf)
     assert reference.sm_range(mlp, G_BMM) == (40.0, 108.0)
 
 
 @pytest.mark.parametrize("gpu_id", ["P4", "H100-SXM5-80GB"])
 def test_outside_the_range_a_gemm_runs_at_its_clamped_selfs_efficiency(gpu_id):
-    mlp = pack({G_MATMUL: _net(G_MATMUL, 0, [40, 108])} if gpu_id == "P4"
-               else {G_MATMUL: _net(G_MATMUL, 0, [20, 80])})
+    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108])} if gpu_id == "P4"
+               else {G_MATMUL: random_net(G_MATMUL, 0, [20, 80])})
     lo, hi = sm_range(mlp, G_MATMUL)
     gpu = hardware.get(gpu_id).features
     clamped = sm_clamped(gpu, lo, hi)
@@ -91,8 +83,8 @@ def test_outside_the_range_a_gemm_runs_at_its_clamped_selfs_efficiency(gpu_id):
 
 
 def test_inside_the_range_nothing_changes():
-    with_range = pack({G_MATMUL: _net(G_MATMUL, 0, [20, 108]), G_CONV: _net(G_CONV, 1, [20, 108])})
-    without = pack({G_MATMUL: _net(G_MATMUL, 0), G_CONV: _net(G_CONV, 1)})
+    with_range = pack({G_MATMUL: random_net(G_MATMUL, 0, [20, 108]), G_CONV: random_net(G_CONV, 1, [20, 108])})
+    without = pack({G_MATMUL: random_net(G_MATMUL, 0), G_CONV: random_net(G_CONV, 1)})
     fam = np.full(1, L.MATMUL)
     for gpu in ("T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"):
         d = _gemm(1, 4096, 1024, 1024)[None]
@@ -104,7 +96,7 @@ def test_many_waves_on_half_the_sms_take_twice_the_time():
     """The invariance the clamp rests on, as the clamp applies it: the P4 (20
     SMs) under a network trained on 40 or more runs a GEMM of many waves in
     twice the time of its clamped self (40 SMs, twice its FLOP/s)."""
-    mlp = pack({G_MATMUL: _net(G_MATMUL, 0, [40, 108])})
+    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108])})
     p4 = hardware.get("P4").features
     params = model_params()
     d = _gemm(1, 8192, 4096, 2048)
@@ -118,7 +110,7 @@ def test_a_batched_gemm_outside_the_range():
     """The batched-GEMM network's inputs from the clamped GPU, its ideal (waves
     of tiles) from the GPU itself; engine, per-op path and reference agree."""
     rule = shipped_params()
-    mlp = pack({G_MATMUL: _net(G_MATMUL, 0, [40, 108]), G_BMM: _net(G_BMM, 1, rule)})
+    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108]), G_BMM: random_net(G_BMM, 1, rule)})
     params = model_params()
     p4 = hardware.get("P4").features
     d = _gemm(16, 512, 512, 64, 0)
@@ -126,7 +118,7 @@ def test_a_batched_gemm_outside_the_range():
     ideal = group_features(G_BMM, L.MATMUL, L.F32, d, p4, params, mlp, x)
     x_own = np.zeros(N_FEATURES)
     ideal_own = group_features(G_BMM, L.MATMUL, L.F32, d, p4, params,
-                               pack({G_MATMUL: _net(G_MATMUL, 0), G_BMM: _net(G_BMM, 1, rule)}),
+                               pack({G_MATMUL: random_net(G_MATMUL, 0), G_BMM: random_net(G_BMM, 1, rule)}),
                                x_own)
     assert ideal == ideal_own and not np.array_equal(x, x_own)
     t = op_time_us(L.MATMUL, L.F32, 1, d, p4, params, mlp)
@@ -135,9 +127,9 @@ def test_a_batched_gemm_outside_the_range():
 
 
 def test_a_damaged_range_is_refused():
-    w = pack({G_MATMUL: _net(G_MATMUL, 0, [108, 40])})
+    w = pack({G_MATMUL: random_net(G_MATMUL, 0, [108, 40])})
     assert "SM range" in opmodel.layout_problem(w)
-    w = pack({G_CONV: _net(G_CONV, 0, [20, 80, 3])})
+    w = pack({G_CONV: random_net(G_CONV, 0, [20, 80, 3])})
     assert "SM range" in opmodel.layout_problem(w)
 
 
