@@ -30,7 +30,10 @@ def add_parser(sub) -> None:
                     "device with random tensors of its shapes (CUDA when present, else the CPU), "
                     "time the real step too, and write a calibration file. "
                     "`predictor predict|sweep MODEL --calibration FILE` then scales the measured "
-                    "times to other GPUs and batch sizes.",
+                    "times to other batch sizes and to GPUs of this GPU's architecture; on GPUs "
+                    "of another architecture each op group's measurements count as far as the "
+                    "shipped blend weights say (with the shipped weights, convolutions only; "
+                    "those runs say which in one line).",
         epilog="Example: predictor calibrate resnet50 --batch-size 64 -o resnet50.cal.npz && "
                "predictor sweep resnet50 --calibration resnet50.cal.npz --gpus all. "
                "A CPU calibration predicts that CPU only (other batch sizes, --gpus cpu).")
