@@ -247,17 +247,22 @@ class Scaling:
         self._blended = None
         self._args = (ops, cal.device, info.is_cpu)
 
+    def used_whole(self, gpu_id: str | None, same_chip: bool | None = None) -> bool:
+        """Whether the measurements are scaled whole to `gpu_id` (a CPU's, or
+        on the origin's chip; `same_chip`: `alike(origin, gpu_id)` if the
+        caller knows it) rather than blended with the pure model."""
+        _, device, is_cpu = self._args
+        return is_cpu or (alike(device, gpu_id) if same_chip is None else same_chip)
+
     def cal_us_for(self, gpu_id: str | None, mlp: np.ndarray,
                    same_chip: bool | None = None) -> np.ndarray:
         """The measurements the kernels scale for a target GPU: as measured on
-        the origin's chip, blended with the pure model elsewhere (see `blend`;
-        `same_chip`: `alike(origin, gpu_id)` if the caller knows it)."""
-        ops, device, is_cpu = self._args
-        if same_chip is None:
-            same_chip = alike(device, gpu_id)
-        if is_cpu or same_chip or not self.measured.any():
+        the origin's chip, blended with the pure model elsewhere (see `blend`
+        and `used_whole`)."""
+        if self.used_whole(gpu_id, same_chip) or not self.measured.any():
             return self.cal_us
         if self._blended is None:
+            ops = self._args[0]
             w = blend_weights()[ops.family]
             if (w >= 1.0).all():
                 self._blended = self.cal_us
@@ -268,14 +273,13 @@ class Scaling:
                 self._blended = blend(self.cal_us, f_o, w)
         return self._blended
 
-    def basis(self, default: np.ndarray, gpu_id: str | None = None) -> np.ndarray:
-        """Per-row basis codes: calibrated where a measurement shapes the
-        time on `gpu_id` (measured, and on the origin's chip or of a group
-        whose blend weight is above 0), else `default`."""
+    def basis(self, default: np.ndarray, gpu_id: str | None) -> np.ndarray:
+        """Per-row basis codes on `gpu_id`: calibrated where a measurement
+        shapes the time (measured, and used whole or of a group whose blend
+        weight is above 0, as `cal_us_for` uses it), else `default`."""
         used = self.measured
-        ops, device, is_cpu = self._args
-        if not is_cpu and gpu_id is not None and not alike(device, gpu_id):
-            used = used & (blend_weights()[ops.family] > 0.0)
+        if not self.used_whole(gpu_id):
+            used = used & (blend_weights()[self._args[0].family] > 0.0)
         return np.where(used, L.BASIS_CALIBRATED, default).astype(np.int64)
 
 

@@ -46,7 +46,8 @@ def test_a_clamped_gpu_keeps_each_sms_share():
 
 
 def test_the_range_is_read_from_the_gemm_and_conv_groups_only():
-    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108]), G_CONV: random_net(G_CONV, 1, [20, 80]),
+    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108]),
+                G_CONV: random_net(G_CONV, 1, [20, 80]),
                 G_BMM: random_net(G_BMM, 2, shipped_params()),
                 G_ELEMENTWISE: random_net(G_ELEMENTWISE, 3)})
     assert opmodel.layout_problem(mlp) is None
@@ -83,7 +84,8 @@ def test_outside_the_range_a_gemm_runs_at_its_clamped_selfs_efficiency(gpu_id):
 
 
 def test_inside_the_range_nothing_changes():
-    with_range = pack({G_MATMUL: random_net(G_MATMUL, 0, [20, 108]), G_CONV: random_net(G_CONV, 1, [20, 108])})
+    with_range = pack({G_MATMUL: random_net(G_MATMUL, 0, [20, 108]),
+                       G_CONV: random_net(G_CONV, 1, [20, 108])})
     without = pack({G_MATMUL: random_net(G_MATMUL, 0), G_CONV: random_net(G_CONV, 1)})
     fam = np.full(1, L.MATMUL)
     for gpu in ("T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"):
@@ -110,7 +112,8 @@ def test_a_batched_gemm_outside_the_range():
     """The batched-GEMM network's inputs from the clamped GPU, its ideal (waves
     of tiles) from the GPU itself; engine, per-op path and reference agree."""
     rule = shipped_params()
-    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108]), G_BMM: random_net(G_BMM, 1, rule)})
+    mlp = pack({G_MATMUL: random_net(G_MATMUL, 0, [40, 108]),
+                G_BMM: random_net(G_BMM, 1, rule)})
     params = model_params()
     p4 = hardware.get("P4").features
     d = _gemm(16, 512, 512, 64, 0)
@@ -118,7 +121,8 @@ def test_a_batched_gemm_outside_the_range():
     ideal = group_features(G_BMM, L.MATMUL, L.F32, d, p4, params, mlp, x)
     x_own = np.zeros(N_FEATURES)
     ideal_own = group_features(G_BMM, L.MATMUL, L.F32, d, p4, params,
-                               pack({G_MATMUL: random_net(G_MATMUL, 0), G_BMM: random_net(G_BMM, 1, rule)}),
+                               pack({G_MATMUL: random_net(G_MATMUL, 0),
+                                     G_BMM: random_net(G_BMM, 1, rule)}),
                                x_own)
     assert ideal == ideal_own and not np.array_equal(x, x_own)
     t = op_time_us(L.MATMUL, L.F32, 1, d, p4, params, mlp)
