@@ -126,12 +126,34 @@ def memory_row(family: int, read: int, written: int, flops: int = 0,
     return (family, (read, written, flops, inner, outer), kernels)
 
 
+def row_unit(args: tuple, out: Any) -> torch.dtype | None:
+    """The dtype a row's element counts are in: the one the lowering gives
+    the row (``predictor.lowering._row_dtype``: its first floating-point
+    argument, else its output's); None when no tensor is floating."""
+    for t in tensors(args) + tensors(out):
+        if t.dtype.is_floating_point:
+            return t.dtype
+    return None
+
+
+def elems_in(t: TensorMeta, unit: torch.dtype | None) -> int:
+    """`t`'s size in elements of the row's dtype `unit`, so the row's bytes
+    are right when floating dtypes of two widths meet: a cast of an fp32
+    tensor to fp16 reads 4 bytes an element and writes 2, and an fp16 + fp32
+    add under autocast reads 2 + 4 and writes 4. Integer and bool tensors
+    keep their element counts (index tensors are small beside their data)."""
+    if unit is None or not t.dtype.is_floating_point or t.dtype.itemsize == unit.itemsize:
+        return t.numel
+    return -(-t.numel * t.dtype.itemsize // unit.itemsize)
+
+
 def generic_memory(family: int, args: tuple, kwargs: dict, out: Any,
                    flops_per_elem: int = 0, kernels: int = 1) -> list[Row]:
     ins = tensors(args) + tensors(kwargs)
     outs = tensors(out)
-    read = sum(t.numel for t in ins)
-    written = sum(t.numel for t in outs)
+    unit = row_unit(args, out)
+    read = sum(elems_in(t, unit) for t in ins)
+    written = sum(elems_in(t, unit) for t in outs)
     ref = outs[0] if outs else (ins[0] if ins else TensorMeta((1,), torch.float32))
     inner = ref.shape[-1] if ref.shape else 1
     n = max(ref.numel, 1)

@@ -476,8 +476,9 @@ def fp32_dims(family: int, dtype_code: int, d) -> list[int]:
 
 
 def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -> float:
-    """precision.tensor_core_us: tiles one per SM per wave, split-K, k-step,
-    alignment, achievable fraction; or the bytes against bandwidth."""
+    """precision.tensor_core_us: tiles one per SM per wave, the reduction split
+    into the slice count that finishes soonest, k-step, alignment, achievable
+    fraction; or the bytes against bandwidth."""
     peak = tensor_core_peak(family, dtype_code, gpu, params)
     bt, m, n, k = gemm_shape(family, d)
     launch = kernels * params[R.P_LAUNCH_US]
@@ -485,10 +486,7 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
         return launch + 1e-3
     sms = max(int(gpu[L.G_SMS]), 1)
     tiles = bt * _cdiv(m, P.TC_TILE_M) * _cdiv(n, P.TC_TILE_N)
-    split = max(min(sms // tiles, k // R.SPLIT_K_MIN), 1) if tiles < sms else 1
-    waves = _cdiv(tiles * split, sms)
     step = P.K_STEP_TF32 if dtype_code == L.F32 else P.K_STEP_16
-    k_tile = _cdiv(_cdiv(k, split), step) * step
     flops, elems = flops_and_elems(family, d)
     gemm_flops = 2.0 * bt * m * n * k
     ratio = min(flops / gemm_flops, 1.0)
@@ -500,7 +498,20 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
         g = max(d[9], 1)
         ok = (d[1] // g) % a == 0 and (d[4] // g) % a == 0
     eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
-    t_c = waves * (2.0 * P.TC_TILE_M * P.TC_TILE_N * k_tile) * ratio / (peak / sms * eff) * 1e6
+    per_k = 2.0 * P.TC_TILE_M * P.TC_TILE_N * ratio / (peak / sms * eff) * 1e6
+    partial = 2.0 * P.TC_TILE_M * P.TC_TILE_N * 4.0 / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
+
+    def slices_time(s: int) -> float:
+        padded = _cdiv(_cdiv(k, s), step) * step
+        return _cdiv(tiles * s, sms) * (padded * per_k + (partial if s > 1 else 0.0))
+
+    # The first of the fastest (ties within 1e-9 go to fewer slices).
+    split, best = 1, math.inf
+    for s in range(1, max(min(k // R.SPLIT_K_MIN, P.SPLIT_K_MAX), 1) + 1):
+        t = slices_time(s)
+        if t < best * (1.0 - 1e-9):
+            split, best = s, t
+    t_c = slices_time(split)
     width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
     t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family]) * 1e6
     return max(t_c, t_m) + launch

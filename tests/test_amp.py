@@ -140,6 +140,95 @@ def test_tensor_core_time_physics():
     assert t129 == pytest.approx(t256)
 
 
+def test_tensor_core_gemm_splits_the_reduction_to_fill_the_waves():
+    """A weight-gradient GEMM (1024 x 1024 output, K = 43008: BERT-large's at
+    112 x 384 tokens) has 64 output tiles for the A100's 108 SMs: one slice a
+    tile would idle 41 % of the GPU for the whole reduction. Split, it runs
+    within a few percent of the forward GEMM of the same FLOPs."""
+    p = default_params()
+    a100 = _gpu("A100-SXM4-80GB")
+    wgrad = precision.tensor_core_us(L.MATMUL, L.F16, 1, _gemm(1024, 1024, 43008), a100, p)
+    fwd = precision.tensor_core_us(L.MATMUL, L.F16, 1, _gemm(43008, 1024, 1024), a100, p)
+    ideal = 2 * 1024 * 1024 * 43008 / (a100[L.G_FP16_TFLOPS] * 1e12 * a100[L.G_TC_FRACTION]) * 1e6
+    assert ideal < wgrad < 1.1 * ideal
+    assert wgrad < 1.1 * fwd
+    # The rule itself: 64 tiles on 108 SMs take 5 slices (320 blocks, 3 waves
+    # of 108, 99 % full), not 1 (59 %); a GPU already full is not split.
+    per_k, partial = 1e-2, 5.0
+    assert precision.split_k(64, 108, 43008, 32, per_k, partial) == 5
+    assert precision.split_k(1080, 108, 43008, 32, per_k, partial) == 1
+    # A short reduction cannot be split below SPLIT_K_MIN elements a slice.
+    assert precision.split_k(1, 108, 300, 32, per_k, partial) == 1
+    # Splitting never loses against one slice under its own cost model.
+    def cost(tiles, n):
+        waves = -(-tiles * n // 108)
+        k_slice = -(-8192 // n)
+        return waves * (-(-k_slice // 32) * 32 * per_k + (partial if n > 1 else 0.0))
+
+    for tiles in (1, 7, 50, 100, 109, 250):
+        assert cost(tiles, precision.split_k(tiles, 108, 8192, 32, per_k, partial)) \
+            <= cost(tiles, 1)
+
+
+def test_split_rule_fills_waves_as_cublas_launches_do(data_dir):
+    """The rule against the training files' own fp32 cuBLAS launches (their
+    grids record the output tiles and the split): on GEMMs of fewer tiles than
+    SMs and a long reduction, the last wave under the rule's split is as full
+    as under the recorded one (median per GPU within 0.1), and fuller than
+    one slice a tile leaves it."""
+    import pandas as pd
+
+    for name, gpu_id in (("NVIDIA_A100-PCIE-40GB", "A100-PCIE-40GB"),
+                         ("Tesla_V100-PCIE-32GB", "V100-PCIE-32GB"), ("Tesla_T4", "T4")):
+        g = _gpu(gpu_id)
+        sms = int(g[L.G_SMS])
+        df = pd.read_csv(data_dir / "train" / "linear" / f"{name}.csv")
+        tile = df["Kernel Name"].str.extract(r"sgemm_(\d+)x(\d+)").astype(float)
+        tiles = (df["Grid x"] * df["Grid y"]).to_numpy()
+        k = df["N"].to_numpy()  # the files' reduction dim (benchmarks/README.md)
+        rows = (tiles < sms) & (k >= 2048) & tile[0].notna().to_numpy()
+        assert rows.sum() > 200
+        per_sm_flops = g[L.G_FP32_TFLOPS] * 1e12 / sms
+        per_sm_bw = g[L.G_MEM_BW_GBS] * 1e9 / sms
+
+        def fill(t, s):
+            return t * s / (np.ceil(t * s / sms) * sms)
+
+        ours = []
+        for t, kk, a, b in zip(tiles[rows], k[rows], tile[0][rows], tile[1][rows]):
+            s = precision.split_k(int(t), sms, int(kk), 8, 2 * a * b / per_sm_flops * 1e6,
+                                  2 * a * b * 4 / per_sm_bw * 1e6)
+            ours.append(fill(t, s))
+        recorded = np.median(fill(tiles[rows], df["Grid z"].to_numpy()[rows]))
+        assert abs(np.median(ours) - recorded) < 0.1, gpu_id
+        assert np.median(ours) > np.median(fill(tiles[rows], 1)) + 0.05, gpu_id
+
+
+def test_rows_mixing_float_widths_count_their_bytes():
+    """Under autocast, casts and fp16 + fp32 adds meet two widths in one
+    kernel. A row's element counts are in its own dtype (the lowering's
+    ``_row_dtype``: the first floating argument), so each tensor counts its
+    bytes over that dtype's width: a cast of N fp32 elements to fp16 moves
+    6N bytes (not 8N), an fp16 + fp32 add into fp32 moves 10N (not 6N)."""
+    from predictor.families import TensorMeta, extract
+
+    aten = torch.ops.aten
+    n = 4096
+    f32, f16 = TensorMeta((8, n), torch.float32), TensorMeta((8, n), torch.float16)
+    (fam, dims, _), = extract(aten._to_copy.default, (f32,), {"dtype": torch.float16}, f16)[0]
+    assert fam == L.COPY and dims[0] == 8 * n and dims[1] == 8 * n // 2  # fp32 units
+    (fam, dims, _), = extract(aten._to_copy.default, (f16,), {"dtype": torch.float32}, f32)[0]
+    assert dims[0] == 8 * n and dims[1] == 2 * 8 * n  # fp16 units
+    (fam, dims, _), = extract(aten.add.Tensor, (f16, f32), {}, f32)[0]
+    assert fam == L.ELEMENTWISE and dims[0] == 3 * 8 * n and dims[1] == 2 * 8 * n
+    # One width: counts unchanged; an index tensor keeps its element count.
+    (_, dims, _), = extract(aten.add.Tensor, (f32, f32), {}, f32)[0]
+    assert (dims[0], dims[1]) == (2 * 8 * n, 8 * n)
+    idx = TensorMeta((8,), torch.int64)
+    (_, dims, _), = extract(aten.index_select.default, (f16, 0, idx), {}, f16)[0]
+    assert (dims[0], dims[1]) == (8 * n + 8, 8 * n)
+
+
 def test_which_rows_use_tensor_cores():
     p = default_params()
     for gpu, dtype, expect in (("V100-SXM2-32GB", L.F16, precision.TENSOR_CORE),
