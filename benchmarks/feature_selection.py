@@ -127,6 +127,10 @@ FROM_FEATURES = {
     # slower GPU.
     "capt0": lambda x: np.minimum(x[:, 0], 10.0),
     "capt1": lambda x: np.minimum(x[:, 1], 10.0),
+    # log2 of the longer of the ideal compute and memory times: with column 1
+    # dropped, a compute-bound op's inputs no longer carry the GPU's ridge
+    # point (compute over memory time), which otherwise tells the GPUs apart.
+    "tmax": lambda x: np.maximum(x[:, 0], x[:, 1]),
 }
 
 

@@ -218,11 +218,10 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     yt = torch.tensor(np.log(target_us), dtype=torch.float32)
     # Feature-space steps of "this GPU, better" (see features.improvement_directions).
     # (Extra columns past N_FEATURES, candidates in benchmarks.feature_selection, stay put.)
-    better = [(torch.tensor((shift_features(x, np.pad(v, (0, x.shape[1] - len(v))), group) - mean)
+    better = [(torch.tensor((shift_features(x, np.pad(v, (0, x.shape[1] - len(v)))) - mean)
                             / std, dtype=torch.float32), sc, sm)
               for v, sc, sm in improvement_directions()]
-    # The compute and memory parts of the ideal time, recovered from features 0 and 1
-    # (for a compute-bound GEMM feature 1 is its compute time: features.GEMM_TMAX).
+    # The compute and memory parts of the ideal time, recovered from features 0 and 1.
     t_c = torch.tensor(np.exp2(x[:, 0]), dtype=torch.float32)
     t_m = torch.tensor(np.exp2(x[:, 1]), dtype=torch.float32)
     if x_more is not None:

@@ -62,24 +62,6 @@ GROUP_NAMES = ("matmul", "conv", "elementwise", "softmax", "layer_norm", "bmm")
 
 N_FEATURES = 22
 
-# Feature 1 of a GEMM row (G_MATMUL) is log2 of the longer of its ideal
-# compute and memory times, not the memory time itself: for a compute-bound
-# GEMM the two together are the GPU's ridge point (peak FLOP/s over
-# bandwidth), which tells the five training GPUs apart without describing
-# the GEMM (the two 70-75 W boards have the highest ridge and the lowest
-# sustained efficiency, so a model trained on them reads a high ridge as
-# slow). How far below the ridge a memory-bound GEMM lies stays in feature 2.
-# Leave-one-GPU-out on the training shapes (`python -m
-# benchmarks.feature_selection --group matmul`, mean except P4, seeds 0 / 1;
-# False here gives the figures before): linear 20.3 / 20.1 -> 18.7 / 18.8,
-# bmm rows 24.7 / 24.8 -> 24.2 / 24.6 (held-out V100 linear 30.0 / 29.6 ->
-# 28.0 / 27.5, P100 22.3 / 22.3 -> 17.8 / 17.8, A100 9.7 / 9.2 -> 9.0 /
-# 9.6, T4 19.2 / 19.5 -> 19.9 / 20.4; held-out P4, outside the mean, 44.6 /
-# 37.6 -> 44.3 / 59.1).
-# Convolutions keep their memory time (`--group conv --drop 1`: 23.0 ->
-# 23.2).
-GEMM_TMAX = True
-
 # Output tiles cuBLAS/cuDNN choose between (rows, cols, blocks resident per SM).
 TILES = ((32, 32, 4), (64, 64, 2), (128, 64, 2), (128, 128, 1), (256, 128, 1))
 
@@ -335,9 +317,6 @@ def row_features(family, dtype_code, d, gpu, params, out):
     # How the op meets the GPU.
     out[0] = _lg((flops + 1.0) / peak * 1e6)                # log2 ideal compute time, us
     out[1] = _lg((nbytes + 1.0) / bw * 1e6)                 # log2 ideal memory time, us
-    if GEMM_TMAX and family == L.MATMUL:
-        # A GEMM's memory time only where it is the longer one (`GEMM_TMAX`).
-        out[1] = max(out[1], out[0])
     # How far below the ridge point the op's intensity is (0 when compute-bound):
     # above the ridge, bandwidth must not matter, and a GPU with more of it must
     # not look different to the model.
@@ -402,14 +381,9 @@ def improvement_directions() -> list[tuple[np.ndarray, float, float]]:
     return out
 
 
-def shift_features(x: np.ndarray, step: np.ndarray, group: int = G_NONE) -> np.ndarray:
-    """Features after an improvement step, keeping feature 2's clip at 0 and,
-    for the matmul group, feature 1 the longer of the two times (`GEMM_TMAX`;
-    a compute-bound GEMM whose FLOP/s alone double is taken to stay
-    compute-bound, its memory time unknown below its compute time)."""
+def shift_features(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Features after an improvement step, keeping feature 2's clip at 0."""
     out = x + step
-    if GEMM_TMAX and group == G_MATMUL:
-        out[:, 1] = np.maximum(x[:, 1] + step[1], x[:, 0] + step[0])
     out[:, 2] = np.minimum(out[:, 2], 0.0)
     return out
 

@@ -360,8 +360,6 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     x = [0.0] * features.N_FEATURES
     x[0] = _lg((flops + 1.0) / peak * 1e6)
     x[1] = _lg((nbytes + 1.0) / bw * 1e6)
-    if features.GEMM_TMAX and family == L.MATMUL:
-        x[1] = max(x[1], x[0])  # a GEMM's memory time only where it is the longer
     x[2] = min(_lg((flops + 1.0) / (nbytes + 1.0)) - _lg(peak / bw), 0.0)
     x[3] = _lg(blocks / sms)
     x[4] = wave_utilisation(blocks, slots)
