@@ -8,10 +8,10 @@ precision is priced in one of three ways (``mode``):
   switched on) is priced from physics: the dtype's tensor-core peak per SM,
   128 x 128 output tiles run one per SM per wave (tile and wave quantisation,
   the reduction split where that fills the waves (``split_k``), K padded to
-  the MMA k-step), the
-  GPU's achievable fraction of peak (``tc_fraction``), slower fallback kernels when a
-  dim breaks the alignment rule (``UNALIGNED_SLOWDOWN``), and the bytes moved
-  at the dtype's width against DRAM bandwidth, whichever is longer.
+  the MMA k-step), the GPU's achievable fraction of peak (``tc_fraction``),
+  slower fallback kernels when a dim breaks the alignment rule
+  (``UNALIGNED_SLOWDOWN``), and the bytes moved at the dtype's width against
+  DRAM bandwidth, whichever is longer.
 - ``AS_FP32``: a row the fp32 models price with rewritten dims and dtype fp32:
   a memory-bound kernel in a 2-byte dtype is priced as the fp32 kernel moving
   the same number of bytes (half the elements: read, written, FLOPs and the
@@ -231,12 +231,19 @@ def split_k(tiles, sms, k, step, per_k, partial):
     best_t = math.inf
     top = max(min(k // SPLIT_K_MIN, SPLIT_K_MAX), 1)
     for s in range(1, top + 1):
-        t = _cdiv(tiles * s, sms) * (_cdiv(_cdiv(k, s), step) * step * per_k
-                                     + (partial if s > 1 else 0.0))
+        t = sliced_us(tiles, sms, k, step, per_k, partial, s)
         if t < best_t * (1.0 - 1e-9):
             best = s
             best_t = t
     return best
+
+
+@njit(cache=True)
+def sliced_us(tiles, sms, k, step, per_k, partial, s):
+    """The compute time of a GEMM's reduction cut into `s` slices, under
+    `split_k`'s cost model."""
+    k_slice = _cdiv(_cdiv(k, s), step) * step
+    return _cdiv(tiles * s, sms) * (k_slice * per_k + (partial if s > 1 else 0.0))
 
 
 @njit(cache=True)
@@ -262,10 +269,8 @@ def tensor_core_us(family, dtype_code, kernels, d, gpu, params):
     # its fp32 partial sums and read them back when the reduction is split.
     per_k = 2.0 * TC_TILE_M * TC_TILE_N * ratio / (peak / sms * eff) * 1e6
     partial = 2.0 * TC_TILE_M * TC_TILE_N * 4.0 / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
-    split = split_k(tiles, sms, k, step, per_k, partial)
-    waves = _cdiv(tiles * split, sms)
-    k_tile = _cdiv(_cdiv(k, split), step) * step
-    t_c = waves * (k_tile * per_k + (partial if split > 1 else 0.0))
+    t_c = sliced_us(tiles, sms, k, step, per_k, partial,
+                    split_k(tiles, sms, k, step, per_k, partial))
     width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
     t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[P_ETA_M + family]) * 1e6
     return max(t_c, t_m) + launch
