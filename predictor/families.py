@@ -191,6 +191,26 @@ def _baddbmm(bias: TensorMeta, a: TensorMeta, b: TensorMeta, *_, out=None, **__)
     return _bmm(a, b)
 
 
+# Matrix-vector products are GEMMs with one output column (in the training
+# data cuBLAS runs its sgemm kernels down to one column); a dot product is a
+# reduction of the elementwise products.
+@register(aten.mv)
+def _mv(a: TensorMeta, x: TensorMeta, *_, out=None, **__) -> list[Row]:
+    m, k = a.shape
+    return [(L.MATMUL, (1, m, 1, k, L.GEMM_A_T if a.transposed else 0), 1)]
+
+
+@register(aten.addmv)
+def _addmv(bias: TensorMeta, a: TensorMeta, x: TensorMeta, *_, out=None, **__) -> list[Row]:
+    return _mv(a, x)
+
+
+@register(aten.dot, aten.vdot)
+def _dot(a: TensorMeta, b: TensorMeta, *_, out=None, **__) -> list[Row]:
+    n = a.numel
+    return [memory_row(L.REDUCTION, 2 * n, 1, 2 * n, n, 1)]
+
+
 # -------------------------------------------------------------- convolution --
 
 def _conv_dims(x: TensorMeta, w: TensorMeta, y: TensorMeta, groups: int,
@@ -650,13 +670,36 @@ def _fill(*args, out=None, **kwargs) -> list[Row]:
 # learned models use the op identity; the roofline only needs an order of size.
 _TRANSCENDENTAL = {"gelu", "gelu_backward", "tanh", "tanh_backward", "sigmoid",
                    "sigmoid_backward", "exp", "log", "erf", "pow", "silu", "silu_backward",
-                   "softplus", "mish", "sin", "cos", "rsqrt", "sqrt", "elu"}
+                   "softplus", "mish", "sin", "cos", "rsqrt", "sqrt", "elu", "elu_backward",
+                   "softplus_backward", "mish_backward", "glu", "glu_backward",
+                   "log_sigmoid_forward", "log_sigmoid_backward", "rrelu_with_noise"}
 
 
 def elementwise(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
     name = op.__name__.split(".")[0].rstrip("_")
     fpe = 8 if name in _TRANSCENDENTAL else 1
     return generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
+
+
+def _pointwise(name: str) -> Extractor:
+    """An extractor for an op that runs one elementwise kernel but that ATen
+    does not tag pointwise (activation gradients, masked writes)."""
+    fpe = 8 if name in _TRANSCENDENTAL else 1
+
+    def extract(*args, out=None, **kwargs) -> list[Row]:
+        return generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
+
+    return extract
+
+
+for _op in (aten.leaky_relu_backward, aten.hardtanh_backward, aten.elu_backward,
+            aten.softplus_backward, aten.hardswish, aten.hardswish_, aten.hardswish_backward,
+            aten.hardsigmoid_backward, aten.rrelu_with_noise, aten.rrelu_with_noise_,
+            aten.rrelu_with_noise_backward, aten.mish_, aten.mish_backward, aten.gelu_,
+            aten.threshold_, aten.log_sigmoid_forward, aten.log_sigmoid_backward,
+            aten._prelu_kernel, aten._prelu_kernel_backward, aten.glu, aten.glu_backward,
+            aten._add_relu, aten.masked_fill, aten.masked_fill_, aten.where, aten.addr):
+    register(_op)(_pointwise(_op.__name__.rstrip("_")))
 
 
 def reduction(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:

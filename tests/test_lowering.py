@@ -192,3 +192,35 @@ def test_sdpa_maps_to_attention_family():
     assert att.any() and (g.ops.family == L.ATTENTION_BWD).any()
     b, h, sq, sk, d, dv, causal = g.ops.dims(2)[att][0][:7]
     assert (b, h, sq, sk, d, dv, causal) == (2, 4, 10, 10, 8, 8, 1)
+
+
+class Activations(nn.Module):
+    """Activations whose gradients ATen does not tag pointwise, a masked
+    write, a matrix-vector product and a dot product."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.prelu = nn.PReLU()
+
+    def forward(self, x):
+        h = self.lin(x)
+        h = F.leaky_relu(h, 0.2) + F.elu(h) + F.hardtanh(h) + F.softplus(h) + F.mish(h)
+        h = h + F.hardswish(h) + F.hardsigmoid(h) + self.prelu(h) + F.logsigmoid(h)
+        h = F.glu(torch.cat([h, h], dim=-1), dim=-1)
+        h = h.masked_fill(h > 3, 0.0)
+        v = torch.mv(h, self.lin.weight[0])
+        return v.sum() + torch.dot(v, v)
+
+
+def test_untagged_elementwise_ops_and_gemv_have_families():
+    g = predictor.trace(Activations(), (torch.randn(8, 16),), optimizer="sgd")
+    assert g.unsupported == {}, g.unsupported
+    names = {g.ops.op_names[i]: L.FAMILY_NAMES[f] for i, f in zip(g.ops.op, g.ops.family)}
+    for op in ("leaky_relu_backward", "elu_backward", "hardtanh_backward",
+               "softplus_backward", "mish_backward", "glu_backward"):
+        assert names.get(op) == "elementwise", (op, names.get(op))
+    assert names.get("mv") == "matmul"
+    assert names.get("dot") == "reduction"
+    pred = predictor.predict(g, "T4")
+    assert np.isfinite(pred.iteration_ms) and pred.iteration_ms > 0
