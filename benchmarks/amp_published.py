@@ -1,4 +1,5 @@
-"""Predicted against published single-GPU training throughput, fp32/TF32 and AMP.
+"""Predicted against published single-GPU training throughput, fp32/TF32 and AMP
+(and, apart, NVIDIA's published ResNet-50 inference throughput).
 
     python -m benchmarks.amp_published
     python -m benchmarks.amp_published --models bert-large-squad
@@ -116,6 +117,30 @@ PUBLISHED += [
 ]
 
 
+# Inference: the same README's "Inference performance results" (pytorch-21.03
+# NGC container, 1 GPU: DGX-1 V100 16GB and T4; "Throughput Avg" at the
+# largest batch sizes, where the GPU rather than the host sets the pace). A
+# separate check from the training table above: its mean is not folded into
+# the training figures' mean. T4 is a GPU of the per-kernel data (fp32), but
+# no half-precision kernel of it is: its AMP rows check the tensor-core model.
+RN50_INF = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
+            "'Inference performance results', 1 GPU, pytorch-21.03 NGC container")
+PUBLISHED_INFERENCE = [
+    ("resnet50", "V100-SXM2-16GB", "fp32", 64, 1200.0, RN50_INF),
+    ("resnet50", "V100-SXM2-16GB", "fp32", 128, 1229.0, RN50_INF),
+    ("resnet50", "V100-SXM2-16GB", "fp32", 256, 1261.0, RN50_INF),
+    ("resnet50", "V100-SXM2-16GB", "amp", 64, 2984.0, RN50_INF),
+    ("resnet50", "V100-SXM2-16GB", "amp", 128, 3249.0, RN50_INF),
+    ("resnet50", "V100-SXM2-16GB", "amp", 256, 3382.0, RN50_INF),
+    ("resnet50", "T4", "fp32", 64, 428.0, RN50_INF),
+    ("resnet50", "T4", "fp32", 128, 426.0, RN50_INF),
+    ("resnet50", "T4", "fp32", 256, 415.0, RN50_INF),
+    ("resnet50", "T4", "amp", 64, 1165.0, RN50_INF),
+    ("resnet50", "T4", "amp", 128, 1190.0, RN50_INF),
+    ("resnet50", "T4", "amp", 256, 1198.0, RN50_INF),
+]
+
+
 def publisher(source: str) -> str:
     return source.split(",", 1)[0].split()[0]
 
@@ -183,29 +208,32 @@ def _squad_loss(out):
     return (F.cross_entropy(start, target) + F.cross_entropy(end, target)) / 2
 
 
-def _trace(model: str, batch: int, amp, fmt=None):
+def _trace(model: str, batch: int, amp, fmt=None, mode: str = "train"):
     import predictor
 
     if model == "bert-large-squad":
         return predictor.trace(_bert_squad, _squad_inputs, loss_fn=_squad_loss,
                                batch_size=batch, amp=amp, optimizer="adamw",
-                               name="bert-large-squad", memory_format=fmt)
-    return predictor.trace(model, batch_size=batch, amp=amp, memory_format=fmt)
+                               name="bert-large-squad", memory_format=fmt, mode=mode)
+    return predictor.trace(model, batch_size=batch, amp=amp, memory_format=fmt, mode=mode)
 
 
-def run(models=None) -> list[dict]:
+def run(models=None, table=None, mode: str = "train") -> list[dict]:
+    """Predicted against published throughput for each row of `table`
+    (default PUBLISHED, training steps; PUBLISHED_INFERENCE with
+    mode="inference")."""
     import predictor
 
     graphs: dict = {}
     out = []
-    for model, gpu, prec, batch, published, source in PUBLISHED:
+    for model, gpu, prec, batch, published, source in (PUBLISHED if table is None else table):
         if models is not None and model not in models:
             continue
         amp = "fp16" if prec == "amp" else None
         fmt = memory_format(model, prec, source)
         key = (model, amp, fmt)
         if key not in graphs:
-            graphs[key] = _trace(model, batch, amp, fmt)
+            graphs[key] = _trace(model, batch, amp, fmt, mode)
         p = predictor.predict(graphs[key], gpu, batch_size=batch,
                               tf32_matmul=True if prec == "tf32" else None)
         predicted = batch / p.iteration_ms * 1e3
@@ -240,6 +268,20 @@ def main(argv=None) -> int:
     for model in dict.fromkeys(r["model"] for r in rows):
         e = np.array([abs(r["error_pct"]) for r in rows if r["model"] == model])
         print(f"{model}: mean |error| {e.mean():.1f} % over {len(e)} figures")
+    inf = run(None if args.models is None else args.models.split(","),
+              table=PUBLISHED_INFERENCE, mode="inference")
+    if inf:
+        print("\nInference (a separate check, not in the means above):\n")
+        print("| publisher | model | GPU | precision | memory format | batch | published "
+              "samples/s | predicted | error |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in inf:
+            fmt = "NHWC" if r["memory_format"] == "channels_last" else "NCHW"
+            print(f"| {publisher(r['source'])} | {r['model']} | {r['gpu']} | {r['precision']} | "
+                  f"{fmt} | {r['batch']} | {r['published']:,g} | {r['predicted']:,.1f} | "
+                  f"{r['error_pct']:+.1f} % |")
+        e = np.array([abs(r["error_pct"]) for r in inf])
+        print(f"\ninference: mean |error| {e.mean():.1f} % over {len(inf)} figures")
     return 0
 
 

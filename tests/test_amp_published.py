@@ -13,7 +13,7 @@ from benchmarks import amp_published as ap
 def test_every_row_names_a_known_gpu_a_precision_and_a_source():
     known = set(predictor.gpus()["id"])
     arch = dict(zip(predictor.gpus()["id"], predictor.gpus()["architecture"]))
-    for model, gpu, prec, batch, published, source in ap.PUBLISHED:
+    for model, gpu, prec, batch, published, source in ap.PUBLISHED + ap.PUBLISHED_INFERENCE:
         assert gpu in known, gpu
         assert model in ("resnet50", "bert-large-squad")
         assert prec in ("fp32", "tf32", "amp")
@@ -30,6 +30,18 @@ def test_every_row_names_a_known_gpu_a_precision_and_a_source():
 def test_no_duplicate_configuration():
     keys = [(ap.publisher(s), m, g, p) for m, g, p, _, _, s in ap.PUBLISHED]
     assert len(keys) == len(set(keys))
+    inference = [(m, g, p, b) for m, g, p, b, _, _ in ap.PUBLISHED_INFERENCE]
+    assert len(inference) == len(set(inference))
+
+
+def test_inference_rows_are_nvidias_and_channels_last_under_amp():
+    # DeepLearningExamples' configs.yml: memory_format nhwc for ResNet-50 AMP,
+    # T4 included; its throughput rises with the batch until the GPU is full.
+    assert ap.PUBLISHED_INFERENCE
+    for model, gpu, prec, batch, published, source in ap.PUBLISHED_INFERENCE:
+        assert ap.publisher(source) == "NVIDIA" and "Inference" in source
+        assert ap.memory_format(model, prec, source) == (
+            "channels_last" if prec == "amp" else None)
 
 
 def test_at_least_six_gpus_per_model_and_precision_from_one_publisher():
