@@ -477,7 +477,8 @@ def _batch_norm_eval(x: TensorMeta, *_, out=None, **__) -> list[Row]:
     return _bn_rows(L.BATCH_NORM, x, False, 1, 1)
 
 
-@register(aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward)
+@register(aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward,
+          aten.batch_norm_backward)
 def _batch_norm_bwd(grad: TensorMeta, x: TensorMeta, *_, out=None, **__) -> list[Row]:
     # Reduce (grad, x) for dgamma/dbeta, then an elementwise pass for dx.
     return _bn_rows(L.BATCH_NORM_BWD, x, True, 4, 2)
@@ -490,6 +491,25 @@ def _embedding(weight: TensorMeta, indices: TensorMeta, *_, out=None, **__) -> l
     d = weight.shape[-1]
     n = indices.numel
     return [memory_row(L.EMBEDDING, n * d + n, n * d, 0, d, n)]
+
+
+@register(aten._embedding_bag, aten._embedding_bag_forward_only)
+def _embedding_bag(weight: TensorMeta, indices: TensorMeta, offsets: TensorMeta, *_, out=None,
+                   **__) -> list[Row]:
+    # Gathers each index's row and reduces it into its bag: reads n rows and
+    # the indices, writes one row a bag.
+    d = weight.shape[-1]
+    n = indices.numel
+    bags = max(offsets.numel, 1)
+    return [memory_row(L.EMBEDDING, n * d + n, bags * d, n * d, d, n)]
+
+
+@register(aten._embedding_bag_backward, aten._embedding_bag_dense_backward,
+          aten._embedding_bag_per_sample_weights_backward)
+def _embedding_bag_bwd(*args, out=None, **kwargs) -> list[Row]:
+    # Zero the weight gradient, then scatter-add each bag's gradient row to its
+    # indices' rows: every input read and every output written once.
+    return generic_memory(L.EMBEDDING_BWD, args, kwargs, out)
 
 
 # embedding_dense_backward_cuda: up to this many indices it zeroes the weight
@@ -527,11 +547,14 @@ def _pool(family: int) -> Extractor:
 
 register(aten.max_pool2d_with_indices, aten.avg_pool2d, aten._adaptive_avg_pool2d,
          aten.max_pool3d_with_indices, aten.avg_pool3d, aten._adaptive_avg_pool3d,
-         aten.adaptive_max_pool2d, aten.max_pool1d, aten.avg_pool1d)(_pool(L.POOL))
+         aten.adaptive_max_pool2d, aten.adaptive_max_pool3d, aten.max_pool1d, aten.avg_pool1d,
+         aten.fractional_max_pool2d, aten.fractional_max_pool3d, aten.max_unpool2d,
+         aten.max_unpool3d)(_pool(L.POOL))
 register(aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
          aten._adaptive_avg_pool2d_backward, aten.max_pool3d_with_indices_backward,
          aten.avg_pool3d_backward, aten._adaptive_avg_pool3d_backward,
-         aten.adaptive_max_pool2d_backward)(_pool(L.POOL_BWD))
+         aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward,
+         aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward)(_pool(L.POOL_BWD))
 
 
 # ---------------------------------------------------------- dropout, losses --
@@ -585,7 +608,10 @@ register(aten.nll_loss_forward, aten.nll_loss2d_forward,
          aten.binary_cross_entropy_with_logits,
          aten.binary_cross_entropy, aten.binary_cross_entropy_backward, aten.mse_loss,
          aten.mse_loss_backward, aten.smooth_l1_loss, aten.smooth_l1_loss_backward,
-         aten.huber_loss, aten.huber_loss_backward)(_loss)
+         aten.huber_loss, aten.huber_loss_backward, aten.soft_margin_loss,
+         aten.soft_margin_loss_backward, aten.multilabel_margin_loss_forward,
+         aten.multilabel_margin_loss_backward, aten.multi_margin_loss,
+         aten.multi_margin_loss_backward)(_loss)
 
 
 # ---------------------------------------------------------------- optimizer --
@@ -647,8 +673,35 @@ register(aten.cat, aten.stack, aten._to_copy, aten.copy_, aten.copy, aten.index_
          aten.select_scatter, aten.roll, aten.flip, aten.repeat, aten.tril, aten.triu,
          aten.index_add, aten.narrow_copy, aten.slice_backward, aten.select_backward,
          aten.embedding_renorm_, aten.col2im, aten.im2col)(_copy)
+# Resampling, padding and index shuffles (and their gradients): each reads its
+# inputs and writes its outputs once, gathering or scattering like a copy.
+register(aten.upsample_nearest1d, aten.upsample_nearest3d, aten.upsample_linear1d,
+         aten.upsample_bicubic2d, aten.upsample_trilinear3d, aten._upsample_nearest_exact1d,
+         aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d,
+         aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa,
+         aten.upsample_nearest1d_backward, aten.upsample_nearest2d_backward,
+         aten.upsample_nearest3d_backward, aten.upsample_linear1d_backward,
+         aten.upsample_bilinear2d_backward, aten.upsample_bicubic2d_backward,
+         aten.upsample_trilinear3d_backward, aten._upsample_nearest_exact1d_backward,
+         aten._upsample_nearest_exact2d_backward, aten._upsample_nearest_exact3d_backward,
+         aten._upsample_bilinear2d_aa_backward, aten._upsample_bicubic2d_aa_backward,
+         aten.reflection_pad1d, aten.reflection_pad3d, aten.replication_pad1d,
+         aten.replication_pad2d, aten.replication_pad3d, aten.reflection_pad1d_backward,
+         aten.reflection_pad2d_backward, aten.reflection_pad3d_backward,
+         aten.replication_pad1d_backward, aten.replication_pad2d_backward,
+         aten.replication_pad3d_backward, aten.grid_sampler_2d, aten.grid_sampler_3d,
+         aten.grid_sampler_2d_backward, aten.grid_sampler_3d_backward, aten.index_copy,
+         aten.index_copy_, aten.index_fill, aten.index_fill_, aten.index_add_, aten.scatter_,
+         aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.masked_scatter_,
+         aten.masked_scatter_backward, aten.take, aten._unsafe_index, aten._unsafe_index_put,
+         aten._unsafe_masked_index, aten._unsafe_masked_index_put_accumulate,
+         aten.diag_embed, aten.diagonal_backward, aten.diagonal_scatter,
+         aten.as_strided_scatter, aten.unfold_backward, aten.pixel_shuffle,
+         aten.pixel_unshuffle, aten.channel_shuffle, aten.native_channel_shuffle, aten.rot90,
+         aten.repeat_interleave, aten.tril_, aten.triu_)(_copy)
 # Scans read and write every element once: memory-bound like a copy.
-register(aten.cumsum, aten.cumprod, aten.logcumsumexp)(_copy)
+register(aten.cumsum, aten.cumprod, aten.logcumsumexp, aten.cumsum_, aten.cumprod_,
+         aten.cummax, aten.cummin)(_copy)
 
 
 @register(aten.clone, aten.contiguous)

@@ -224,3 +224,45 @@ def test_untagged_elementwise_ops_and_gemv_have_families():
     assert names.get("dot") == "reduction"
     pred = predictor.predict(g, "T4")
     assert np.isfinite(pred.iteration_ms) and pred.iteration_ms > 0
+
+
+class Resampling(nn.Module):
+    """Ops of segmentation, super-resolution and recommendation models:
+    resampling and padding with their gradients, a pixel shuffle, a grid
+    sample, unpooling, an embedding bag and a margin loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 12, 3, padding=1)
+        self.bag = nn.EmbeddingBag(50, 12, mode="mean")
+
+    def forward(self, x, idx, offsets):
+        h = self.conv(F.pad(x, (1, 1, 1, 1), mode="reflect"))[:, :, 1:-1, 1:-1]
+        h = F.pixel_shuffle(h, 2)                                    # [B,3,2H,2W]
+        h = F.interpolate(h, scale_factor=0.5, mode="bicubic", align_corners=False)
+        h = F.interpolate(h, scale_factor=2.0, mode="nearest")
+        h = F.pad(h, (1, 1, 1, 1), mode="replicate")
+        grid = torch.zeros(h.shape[0], 4, 4, 2)
+        g = F.grid_sample(h, grid, align_corners=False)              # [B,3,4,4]
+        p, ind = F.max_pool2d(g, 2, return_indices=True)
+        u = F.max_unpool2d(p, ind, 2)
+        e = self.bag(idx, offsets)                                   # [B,12]
+        score = u.flatten(1).sum(1) + e.sum(1)
+        return F.soft_margin_loss(score, torch.ones_like(score))
+
+
+def test_resampling_padding_and_bag_ops_have_families():
+    b = 2
+    g = predictor.trace(Resampling(), (torch.randn(b, 3, 8, 8), torch.zeros(6, dtype=torch.long),
+                                       torch.tensor([0, 3])), optimizer="sgd", batch_dim=None)
+    assert g.unsupported == {}, g.unsupported
+    fams = {g.ops.op_names[i]: L.FAMILY_NAMES[f] for i, f in zip(g.ops.op, g.ops.family)}
+    assert fams.get("_embedding_bag") == "embedding"
+    assert any(v == "embedding_bwd" for k, v in fams.items() if "embedding_bag" in k), fams
+    assert fams.get("max_unpool2d") == "pool"
+    assert fams.get("soft_margin_loss") == "loss"
+    for op in ("reflection_pad2d", "replication_pad2d_backward", "upsample_bicubic2d_backward",
+               "upsample_nearest2d_backward", "grid_sampler_2d_backward", "pixel_unshuffle"):
+        assert fams.get(op) == "copy", (op, fams.get(op))
+    pred = predictor.predict(g, "T4")
+    assert np.isfinite(pred.iteration_ms) and pred.iteration_ms > 0
