@@ -107,7 +107,29 @@ CANDIDATES = {
     # SM, log2 us (0 for other rows).
     "smtilec": lambda s: tiles_bench.per_sm_tile_columns(s)[0],
     "smtileb": lambda s: tiles_bench.per_sm_tile_columns(s)[1],
+    # A convolution's GEMM-dim alignment (columns 11 and 13) with the batch
+    # in the pixel dim of its implicit GEMM (M of a forward or dgrad, K of a
+    # wgrad), as the features had it before they took one image's alignment
+    # (`features.conv_alignment_dims`). Use with --drop 11,13.
+    "conv11batch": lambda s: _conv_alignment(s)[0],
+    "conv13batch": lambda s: _conv_alignment(s)[1],
 }
+
+
+def _conv_alignment(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray]:
+    """Columns 11 and 13 of GEMM and convolution rows with the whole GEMM
+    dims, the batch included (0 for other rows)."""
+    from predictor.kernels.work import gemm_shape
+
+    c11 = np.zeros(len(s))
+    c13 = np.zeros(len(s))
+    for i, (f, d) in enumerate(zip(s.family, s.dims)):
+        f = int(f)
+        if f in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD, L.MATMUL):
+            _, m, _, k = gemm_shape(f, d)
+            c11[i] = features._pow2(m)
+            c13[i] = features._pow2(k)
+    return c11, c13
 
 
 # Candidate columns computed from the shipped features themselves (column

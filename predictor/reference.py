@@ -368,7 +368,11 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
         x[6] = _lg(min(max(gpu[L.G_TDP_W], 50.0), 250.0) / 250.0)
     if _is_gemm(family):
         bt, m, n, k = gemm_shape(family, d)
-        x[7:15] = [_lg(bt), _lg(m), _lg(n), _lg(k), _pow2(m), _pow2(n), _pow2(k),
+        # A convolution's alignment is one image's: the batch out of its pixel dim.
+        nb = max(int(d[0]), 1)
+        am = m // nb if family in (L.CONV, L.CONV_DGRAD) else m
+        ak = k // nb if family == L.CONV_WGRAD else k
+        x[7:15] = [_lg(bt), _lg(m), _lg(n), _lg(k), _pow2(am), _pow2(n), _pow2(ak),
                    _lg(2.0 * m * n * k / max(m * n + n * k + m * k, 1))]
         if family != L.MATMUL:
             x[15], x[16] = _lg(d[5]), _lg(d[10])

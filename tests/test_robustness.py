@@ -190,11 +190,20 @@ def test_analytical_families_are_monotone_in_batch_on_every_gpu():
     assert not drops, "; ".join(drops)
 
 
+def test_convolutions_are_monotone_in_batch_on_every_gpu():
+    """The conv model reads one image's alignment, not the batch's: with the
+    batch in its pixel dim, an even batch looked aligned and an odd one not,
+    and ResNet-50's convolutions ran 10 % faster at batch 64 than at 63."""
+    drops = _batch_drops([L.CONV, L.CONV_DGRAD, L.CONV_WGRAD])
+    assert not drops, "; ".join(drops)
+
+
 @pytest.mark.xfail(opmodel.weights().size > 0, strict=True, reason=(
     "the learned models are monotone in work only up to their training penalty: "
-    "matmul drops 8.8 % from batch 19 to 20 on MI300X, softmax 8.5 % from 264 to 265 "
-    "on H100-SXM5-80GB, conv 2.2 % on H200, elementwise 0.1 % on P100; remove this "
-    "mark when they are exactly monotone"))
+    "matmul drops 6.8 % from batch 6 to 7 on MI300X, softmax 8.5 % from 264 to 265 "
+    "on H100-SXM5-80GB, softmax backward 1.5 % on MI300X, the elementwise model's "
+    "families 0.1 % on P100 (convolutions are monotone since their alignment features "
+    "left the batch out); remove this mark when they are exactly monotone"))
 def test_learned_families_are_monotone_in_batch_on_every_gpu():
     drops = _batch_drops([f for f in range(L.N_FAMILIES) if _learned(f)])
     assert not drops, "; ".join(drops)
