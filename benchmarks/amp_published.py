@@ -244,12 +244,8 @@ def run(models=None, table=None, mode: str = "train") -> list[dict]:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=None,
-                    help="comma-separated models of the table (default: all)")
-    args = ap.parse_args(argv)
-    rows = run(None if args.models is None else args.models.split(","))
+def print_rows(rows) -> None:
+    """One Markdown table row per predicted figure."""
     print("| publisher | model | GPU | precision | memory format | batch | published samples/s "
           "| predicted | error |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -258,6 +254,16 @@ def main(argv=None) -> int:
         print(f"| {publisher(r['source'])} | {r['model']} | {r['gpu']} | {r['precision']} | "
               f"{fmt} | {r['batch']} | {r['published']:,g} | {r['predicted']:,.1f} | "
               f"{r['error_pct']:+.1f} % |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=None,
+                    help="comma-separated models of the table (default: all)")
+    args = ap.parse_args(argv)
+    models = None if args.models is None else args.models.split(",")
+    rows = run(models)
+    print_rows(rows)
     print("\n| publisher | model | precision | GPUs | mean abs error | Spearman across GPUs |")
     print("| --- | --- | --- | --- | --- | --- |")
     for s in summary(rows):
@@ -268,18 +274,10 @@ def main(argv=None) -> int:
     for model in dict.fromkeys(r["model"] for r in rows):
         e = np.array([abs(r["error_pct"]) for r in rows if r["model"] == model])
         print(f"{model}: mean |error| {e.mean():.1f} % over {len(e)} figures")
-    inf = run(None if args.models is None else args.models.split(","),
-              table=PUBLISHED_INFERENCE, mode="inference")
+    inf = run(models, table=PUBLISHED_INFERENCE, mode="inference")
     if inf:
         print("\nInference (a separate check, not in the means above):\n")
-        print("| publisher | model | GPU | precision | memory format | batch | published "
-              "samples/s | predicted | error |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for r in inf:
-            fmt = "NHWC" if r["memory_format"] == "channels_last" else "NCHW"
-            print(f"| {publisher(r['source'])} | {r['model']} | {r['gpu']} | {r['precision']} | "
-                  f"{fmt} | {r['batch']} | {r['published']:,g} | {r['predicted']:,.1f} | "
-                  f"{r['error_pct']:+.1f} % |")
+        print_rows(inf)
         e = np.array([abs(r["error_pct"]) for r in inf])
         print(f"\ninference: mean |error| {e.mean():.1f} % over {len(inf)} figures")
     return 0
