@@ -26,7 +26,7 @@ from predictor.calibration import datasets as D
 from predictor.calibration import train as T
 from predictor.kernels import features
 from predictor.kernels import layout as L
-from predictor.kernels.work import flops_and_elems
+from predictor.kernels.work import flops_and_elems, gemm_shape
 
 
 def _gpu_column(s: D.OpSamples, col: int) -> np.ndarray:
@@ -119,8 +119,6 @@ CANDIDATES = {
 def _conv_alignment(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray]:
     """Columns 11 and 13 of GEMM and convolution rows with the whole GEMM
     dims, the batch included (0 for other rows)."""
-    from predictor.kernels.work import gemm_shape
-
     c11 = np.zeros(len(s))
     c13 = np.zeros(len(s))
     for i, (f, d) in enumerate(zip(s.family, s.dims)):

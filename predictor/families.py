@@ -734,13 +734,13 @@ def elementwise(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
     return generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
 
 
-def _pointwise(name: str) -> Extractor:
-    """An extractor for an op that runs one elementwise kernel but that ATen
-    does not tag pointwise (activation gradients, masked writes)."""
-    fpe = 8 if name in _TRANSCENDENTAL else 1
+def _pointwise(op: Any) -> Extractor:
+    """`elementwise` as the extractor of an op that runs one elementwise
+    kernel but that ATen does not tag pointwise (activation gradients, masked
+    writes)."""
 
     def extract(*args, out=None, **kwargs) -> list[Row]:
-        return generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
+        return elementwise(op, args, kwargs, out)
 
     return extract
 
@@ -752,7 +752,7 @@ for _op in (aten.leaky_relu_backward, aten.hardtanh_backward, aten.elu_backward,
             aten.threshold_, aten.log_sigmoid_forward, aten.log_sigmoid_backward,
             aten._prelu_kernel, aten._prelu_kernel_backward, aten.glu, aten.glu_backward,
             aten._add_relu, aten.masked_fill, aten.masked_fill_, aten.where, aten.addr):
-    register(_op)(_pointwise(_op.__name__.rstrip("_")))
+    register(_op)(_pointwise(_op))
 
 
 def reduction(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
