@@ -76,8 +76,11 @@ CANDIDATES = {
     "headroom": lambda s: np.log2(_spec_column(s, "base_clock_mhz")
                                   / _gpu_column(s, L.G_CLOCK_MHZ)),
     # 1 from Volta on (compute capability 7.0+: an INT32 pipe beside the FP32
-    # one, so address arithmetic does not take FMA issue slots), else 0.
-    "sm70": lambda s: (_spec_column(s, "compute_capability", float) >= 7.0).astype(float),
+    # one, so address arithmetic does not take FMA issue slots; global loads
+    # cached in L1), else 0: one minus the GPU column layout.G_PRE_VOLTA,
+    # which the softmax and layer-norm networks read as feature 13 (there,
+    # ``--drop 13`` is the set without it).
+    "sm70": lambda s: 1.0 - _gpu_column(s, L.G_PRE_VOLTA),
     # FP32 lanes per SM over 64, log2: shared-memory bandwidth per SM is 128
     # bytes a clock on every NVIDIA GPU since Maxwell, so a 128-lane SM has
     # half the operand bandwidth per FMA of a 64-lane one.

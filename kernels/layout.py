@@ -125,7 +125,14 @@ G_FFMA_ISSUE = 18
 # 0: none, e.g. AMD or a CPU): the GEMM tile rule (kernels.tiles) keys its
 # per-architecture choices on it.
 G_CC_MAJOR = 19
-N_GPU_FEATURES = 20
+# 1 where the SM predates Volta (NVIDIA compute capability below 7.0: Pascal
+# and older): global loads bypass the L1 by default and integer address
+# arithmetic takes the FP32 pipe's issue slots; from Volta on the L1 is one
+# array with shared memory and caches global loads, and an INT32 pipe sits
+# beside the FP32 one. 0 for Volta and later, AMD, a CPU, and a row without
+# the column. The softmax and layer-norm networks read it (kernels.features).
+G_PRE_VOLTA = 20
+N_GPU_FEATURES = 21
 
 # ---- basis of a per-op time ----------------------------------------------------
 BASIS_ANALYTICAL = 0

@@ -176,6 +176,16 @@ def cc_major(compute_capability) -> int:
         return 0
 
 
+def pre_volta(spec: dict) -> float:
+    """1.0 for an NVIDIA GPU of compute capability below 7.0 (Pascal and
+    older SMs; see layout.G_PRE_VOLTA), else 0.0 (AMD too: its vector L1
+    caches global loads)."""
+    if str(spec.get("vendor", "nvidia")).lower() != "nvidia":
+        return 0.0
+    major = cc_major(spec.get("compute_capability"))
+    return 1.0 if 0 < major < 7 else 0.0
+
+
 def ffma_issue_share(spec: dict) -> float:
     """The share of the FP32 peak a GEMM's FFMA loop can issue (see
     roofline.FFMA_ISSUE_SHARE): below 1 on NVIDIA SMs from compute
@@ -255,6 +265,7 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
     f[L.G_CHIP] = chip_key(spec.get("architecture"), f[L.G_SMS])
     f[L.G_FFMA_ISSUE] = ffma_issue_share(spec)
     f[L.G_CC_MAJOR] = cc_major(spec.get("compute_capability"))
+    f[L.G_PRE_VOLTA] = pre_volta(spec)
     return GPU(id=gid, name=str(spec.get("name", gid)), vendor=str(spec.get("vendor", "nvidia")),
                features=f, spec=dict(spec))
 

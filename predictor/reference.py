@@ -387,6 +387,8 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
         x[10] = _lg(d[L.MEM_READ] / max(d[L.MEM_WRITTEN], 1))
         x[11] = _pow2(max(d[L.MEM_INNER], 1))
         x[12] = _lg(flops / max(elems, 1.0) + 1.0)
+        if group_of(family) in (features.G_SOFTMAX, features.G_LAYER_NORM):
+            x[13] = float(gpu[L.G_PRE_VOLTA]) if len(gpu) > L.G_PRE_VOLTA else 0.0
     return x
 
 

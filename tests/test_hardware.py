@@ -25,7 +25,8 @@ def test_at_least_25_gpus_with_features():
     assert len(db) >= 25
     feats = db.features(list(db))
     assert feats.shape == (len(db), L.N_GPU_FEATURES)
-    positive = [c for c in range(L.N_GPU_FEATURES) if c != L.G_CC_MAJOR]
+    flags = (L.G_CC_MAJOR, L.G_PRE_VOLTA)
+    positive = [c for c in range(L.N_GPU_FEATURES) if c not in flags]
     assert np.isfinite(feats).all() and (feats[:, positive] > 0).all()
     # The compute capability major where the spec has one (AMD gfx targets: 0).
     for g, row in zip(db, feats):
@@ -134,3 +135,17 @@ def test_ffma_issue_share_only_on_32_lane_schedulers():
     zero[L.G_FFMA_ISSUE] = 0.0
     for row in (old, zero):
         assert peak_flops(row, L.MATMUL, L.F32, p) == pytest.approx(h100[L.G_FP32_TFLOPS] * 1e12)
+
+
+def test_pre_volta_flag_marks_pascal_and_older_only():
+    """layout.G_PRE_VOLTA: 1 on NVIDIA SMs below compute capability 7.0 (the
+    P100 and P4 among the training GPUs), 0 on Volta and later and on AMD."""
+    db = hardware.database()
+    for g in db:
+        flag = g.features[L.G_PRE_VOLTA]
+        assert flag in (0.0, 1.0), g.id
+        assert flag == (1.0 if g.vendor == "nvidia" and g.features[L.G_CC_MAJOR] < 7 else 0.0), g.id
+    for gid in ("P4", "P100-PCIE-16GB"):
+        assert hardware.get(gid).features[L.G_PRE_VOLTA] == 1.0
+    for gid in ("V100-PCIE-32GB", "T4", "A100-PCIE-40GB", "H100-SXM5-80GB", "MI300X"):
+        assert hardware.get(gid).features[L.G_PRE_VOLTA] == 0.0

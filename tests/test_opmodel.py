@@ -704,3 +704,30 @@ def test_softmax_and_layer_norm_backward_run_at_their_forward_efficiency(gpu, fw
     nbytes = d[:, L.MEM_READ] + d[:, L.MEM_WRITTEN]
     f = floor_us(mlp, group_of(fwd)) * 1e-3  # the isolated measurement's fixed cost
     assert (t[1] - f) / (t[0] - f) == pytest.approx(nbytes[1] / nbytes[0], rel=0.02)
+
+
+def test_row_reductions_see_whether_the_sm_predates_volta():
+    """Feature 13 of a softmax or layer-norm row is the GPU's G_PRE_VOLTA
+    (1 on the P100 and P4, 0 from Volta on); elementwise rows do not read it."""
+    from predictor.engine import model_params
+    from predictor.kernels.features import N_FEATURES, row_features
+
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    n = 4096 * 1024
+    d[L.MEM_READ], d[L.MEM_WRITTEN], d[L.MEM_FLOPS] = n, n, 5 * n
+    d[L.MEM_INNER], d[L.MEM_OUTER] = 1024, 4096
+
+    def col13(fam, gid):
+        out = np.zeros(N_FEATURES)
+        row_features(fam, L.F32, d, hardware.get(gid).features, model_params(), out)
+        return out[13]
+
+    for fam in (L.SOFTMAX, L.LAYER_NORM, L.SOFTMAX_BWD):
+        assert [col13(fam, g) for g in ("P100-PCIE-16GB", "P4", "V100-PCIE-32GB", "H100-SXM5-80GB",
+                                        "MI300X")] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert col13(L.ELEMENTWISE, "P100-PCIE-16GB") == 0.0
+    # A GPU row written before the column existed reads as Volta or later.
+    old = hardware.get("P100-PCIE-16GB").features[:L.G_PRE_VOLTA].copy()
+    out = np.zeros(N_FEATURES)
+    row_features(L.SOFTMAX, L.F32, d, old, model_params(), out)
+    assert out[13] == 0.0
