@@ -51,7 +51,8 @@ from numba import njit
 
 from predictor.kernels import layout as L
 from predictor.kernels.mlp import group_aux, has_group
-from predictor.kernels.roofline import block_slots, is_gemm, peak_flops, wave_utilisation
+from predictor.kernels.roofline import (block_slots, column_or, is_gemm, peak_flops,
+                                       wave_utilisation)
 from predictor.kernels.tiles import CANDIDATES, choose_tile, tile_count
 from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes, thread_blocks
 
@@ -399,7 +400,7 @@ def row_features(family, dtype_code, d, gpu, params, out):
             # SM predates Volta (no L1 caching of global loads, no INT32 pipe)
             # moved held-out softmax 23.4 -> 21.4 % and layer norm 15.2 -> 13.0
             # (module docstring). Elementwise kernels read once: not for them.
-            out[13] = gpu[L.G_PRE_VOLTA] if gpu.shape[0] > L.G_PRE_VOLTA else 0.0
+            out[13] = column_or(gpu, L.G_PRE_VOLTA, 0.0)
     return group
 
 

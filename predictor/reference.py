@@ -388,7 +388,7 @@ def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
         x[11] = _pow2(max(d[L.MEM_INNER], 1))
         x[12] = _lg(flops / max(elems, 1.0) + 1.0)
         if group_of(family) in (features.G_SOFTMAX, features.G_LAYER_NORM):
-            x[13] = float(gpu[L.G_PRE_VOLTA]) if len(gpu) > L.G_PRE_VOLTA else 0.0
+            x[13] = _column_or(gpu, L.G_PRE_VOLTA, 0.0)
     return x
 
 
