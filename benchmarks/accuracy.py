@@ -3,6 +3,7 @@
     python -m benchmarks.accuracy --data ../shared/data/neusight [--plot accuracy.png] [--md FILE]
     python -m benchmarks.accuracy --data ../shared/data/neusight --spread
     python -m benchmarks.accuracy --data ../shared/data/neusight --duration
+    python -m benchmarks.accuracy --data ../shared/data/neusight --splits
 
 Two evaluations, per op family (linear, bmm, conv, elementwise, softmax, layer norm):
 
@@ -28,6 +29,14 @@ spec sheet, without having seen it, can be expected far below this.
 ``--duration`` prints the training GEMMs' efficiency by waves and measured
 duration, per GPU: where it falls with duration at a fixed number of waves,
 the board does not hold its clock under sustained load.
+
+``--splits`` prints the linear GEMMs' median efficiency by size, training
+split against test split, per GPU. The training files hold random shapes
+(none has M, N and K all multiples of 32); the test file holds transformer
+shapes (80 % of them aligned so), which run faster at equal work, most of
+all on the slowest boards (T4, P100, P4). The test GEMMs are also larger:
+median 168 GFLOP against the training files' 11, and 5 % of them larger
+than any training GEMM.
 """
 
 from __future__ import annotations
@@ -282,6 +291,41 @@ def gemm_durations(data: Path) -> pd.DataFrame:
                          "log2_waves": x[:, 5], "ms": meas_us * 1e-3})
 
 
+SPLIT_GFLOP_BINS = (0.0, 1.0, 10.0, 100.0, np.inf)
+SPLIT_GFLOP_LABELS = ("< 1 GFLOP", "1-10", "10-100", "> 100")
+
+
+def split_efficiencies(data: Path) -> pd.DataFrame:
+    """Every linear GEMM of both splits with its efficiency (ideal time at the
+    spec sheet's peaks over the measured time), its work and whether M, N and
+    K are all multiples of 32."""
+    parts = []
+    for split, s in (("train", D.load_train(data, ops=("linear",))),
+                     ("test", D.load_test(data, ops=("linear",)))):
+        _, ideal, _, meas_us = T.features(s)
+        d = np.asarray(s.dims, dtype=np.float64)
+        m, n, k = d[:, 0] * d[:, 1], d[:, 2], d[:, 3]  # x[B*M, K] @ W[N, K]^T
+        parts.append(pd.DataFrame({
+            "split": split, "gpu": s.gpu, "eta": ideal / meas_us,
+            "gflop": 2.0 * m * n * k / 1e9,
+            "aligned": (m % 32 == 0) & (n % 32 == 0) & (k % 32 == 0)}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def split_table(df: pd.DataFrame) -> str:
+    """Median efficiency per GPU and size bin, training split / test split,
+    and the share of aligned shapes in each split."""
+    bins = pd.cut(df.gflop, SPLIT_GFLOP_BINS, labels=SPLIT_GFLOP_LABELS)
+    t = df.groupby(["gpu", bins, "split"], observed=True).eta.median().unstack()
+    n = df.groupby(["gpu", bins, "split"], observed=True).eta.size().unstack()
+    out = pd.DataFrame({"train": t.get("train"), "test": t.get("test"),
+                        "test / train": t.get("test") / t.get("train"),
+                        "n train": n.get("train"), "n test": n.get("test")})
+    aligned = df.groupby("split").aligned.mean()
+    return (out.round(3).to_string() + "\n\nshare of shapes with M, N, K all multiples of 32: "
+            + ", ".join(f"{k} {v:.0%}" for k, v in aligned.items()))
+
+
 def duration_table(df: pd.DataFrame, stat: str = "median") -> str:
     """Per GPU, the median efficiency (or, with stat="size", the count) by
     waves (rows) and measured duration (columns). At a fixed number of waves
@@ -383,7 +427,15 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", action="store_true",
                     help="only the training GEMMs' efficiency by waves and measured duration, "
                          "per GPU (where a power cap shows)")
+    ap.add_argument("--splits", action="store_true",
+                    help="only the linear GEMMs' efficiency by size, training split against "
+                         "test split, per GPU")
     args = ap.parse_args(argv)
+    if args.splits:
+        print("Linear GEMMs: median efficiency (ideal time at the spec sheet's peaks /")
+        print("measured time) by work, training split against test split")
+        print(split_table(split_efficiencies(Path(args.data))))
+        return 0
     if args.duration:
         df = gemm_durations(Path(args.data))
         print("Training GEMMs (linear and bmm): efficiency = ideal time at the spec sheet's")

@@ -9,6 +9,13 @@ shapes (never the test split), for each of the five GPUs, with the features of
 (``--drop``), or with candidate columns appended (``--add``). Prints the MAPE
 per held-out GPU and per op, and the mean over held-out GPUs without the
 power-throttled P4, the number the feature set was chosen by.
+
+``--oracle-dram`` is a bound, not a candidate: memory-bound rows get their
+ideal time (and feature 1) at each GPU's own highest sustained DRAM fraction
+(``benchmarks.accuracy.dram_fractions``, working sets of 16x the L2 and more)
+instead of the spec sheet's bandwidth. It reads the held-out GPU's own data,
+so it says how much a perfectly known per-GPU achievable bandwidth (a
+published STREAM figure, say) could give at most.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import tiles as tiles_bench
-from benchmarks.accuracy import _gpu_arrays, family_of
+from benchmarks.accuracy import _gpu_arrays, dram_fractions, family_of
 from predictor import hardware
 from predictor.calibration import datasets as D
 from predictor.calibration import train as T
@@ -157,9 +164,25 @@ FROM_FEATURES = {
 }
 
 
-def model_features(s: D.OpSamples, drop=(), add=()):
+MEMORY_BOUND_GROUPS = (features.G_ELEMENTWISE, features.G_SOFTMAX, features.G_LAYER_NORM)
+
+
+def own_dram_fractions(data: Path) -> dict[str, float]:
+    """Each GPU's highest sustained DRAM bandwidth over its spec sheet's, on
+    working sets of 16x its L2 and more (the `accuracy --bandwidth` row)."""
+    df = dram_fractions(data)
+    return df[df.bytes_over_l2 >= 16.0].groupby("gpu").fraction.max().to_dict()
+
+
+def model_features(s: D.OpSamples, drop=(), add=(), dram=None):
     x, ideal, group, target = T.features(s)
     x = x.copy()
+    if dram is not None:
+        # Ideal memory time at the GPU's own achievable bandwidth (log2 feature 1).
+        f = np.array([dram.get(g, 1.0) for g in s.gpu])
+        mb = np.isin(group, MEMORY_BOUND_GROUPS)
+        ideal = np.where(mb, ideal / f, ideal)
+        x[mb, 1] -= np.log2(f[mb])
     extra = [FROM_FEATURES[a](x)[:, None] if a in FROM_FEATURES else CANDIDATES[a](s)[:, None]
              for a in add]
     x[:, list(drop)] = 0.0
@@ -169,13 +192,15 @@ def model_features(s: D.OpSamples, drop=(), add=()):
 
 
 def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: int = 60,
-             log=print, head: str = "sigmoid", ensemble: int = 1) -> dict[str, dict[str, float]]:
+             log=print, head: str = "sigmoid", ensemble: int = 1,
+             oracle_dram: bool = False) -> dict[str, dict[str, float]]:
     """MAPE % per held-out GPU and op. `ensemble` > 1: the shipped recipe,
     that many networks distilled into one (``train.fit_distilled``; sigmoid
     head only); 1: a single network, about ensemble + 2 times faster."""
     train = D.load_train(data)
     tiles_bench.DATA[0] = Path(data)
-    featurize = lambda s: model_features(s, drop, add)  # noqa: E731
+    dram = own_dram_fractions(data) if oracle_dram else None
+    featurize = lambda s: model_features(s, drop, add, dram)  # noqa: E731
     out = {}
     for held in sorted(set(train.gpu)):
         fit_on = train.subset(train.gpu != held)
@@ -221,6 +246,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ensemble", type=int, default=1,
                     help="networks distilled into one, as the shipped weights are trained "
                     f"(train.ENSEMBLE = {T.ENSEMBLE}); default 1, a single network")
+    ap.add_argument("--oracle-dram", action="store_true",
+                    help="a bound: memory-bound rows priced at each GPU's own highest "
+                         "sustained DRAM fraction (reads the held-out GPU's data)")
     args = ap.parse_args(argv)
     if args.ensemble < 1:
         ap.error("--ensemble must be at least 1")
@@ -233,10 +261,12 @@ def main(argv=None) -> int:
             ap.error(f"unknown candidate {a!r}; choose from "
                      f"{', '.join([*CANDIDATES, *FROM_FEATURES])}")
     res = validate(Path(args.data), features.GROUP_NAMES.index(args.group), drop=drop, add=add,
-                   seed=args.seed, epochs=args.epochs, head=args.head, ensemble=args.ensemble)
+                   seed=args.seed, epochs=args.epochs, head=args.head, ensemble=args.ensemble,
+                   oracle_dram=args.oracle_dram)
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
-    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed}: "
+    oracle = " oracle-dram" if args.oracle_dram else ""
+    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed}{oracle}: "
           "mean over held-out GPUs except P4: " +
           "  ".join(f"{k} {v:.1f}" for k, v in mean.items()))
     if "P4" in res:

@@ -335,6 +335,19 @@ def test_feature_selection_harness_scores_every_held_out_gpu(data_dir):
     res = FS.validate(data_dir, F.G_SOFTMAX, epochs=1, ensemble=2, log=lambda *_: None)
     assert set(res) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"}
     assert all(np.isfinite(r["softmax"]) and r["softmax"] > 0 for r in res.values())
+    # --oracle-dram: memory-bound rows at their own GPU's sustained DRAM
+    # fraction, a shorter ideal time and feature 1 lowered by its log2.
+    dram = FS.own_dram_fractions(data_dir)
+    assert set(dram) >= {"T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "P4"}
+    assert all(0.5 < f < 1.0 for f in dram.values())
+    x0, i0, _, _ = FS.model_features(s)
+    x1, i1, _, _ = FS.model_features(s, dram=dram)
+    f = np.array([dram[g] for g in s.gpu])
+    np.testing.assert_allclose(i1, i0 / f)
+    np.testing.assert_allclose(x1[:, 1], x0[:, 1] - np.log2(f))
+    np.testing.assert_array_equal(np.delete(x1, 1, axis=1), np.delete(x0, 1, axis=1))
+    res = FS.validate(data_dir, F.G_SOFTMAX, epochs=1, oracle_dram=True, log=lambda *_: None)
+    assert all(np.isfinite(r["softmax"]) and r["softmax"] > 0 for r in res.values())
 
 
 def test_cross_gpu_spread_bound(data_dir):
@@ -369,6 +382,24 @@ def test_gemm_efficiency_by_waves_and_duration(data_dir):
         assert median_8_to_32_waves(gpu, 10.0, np.inf) > median_8_to_32_waves(gpu, 0.3, 1.0) + 0.15
     for gpu in ("T4", "P4"):
         assert median_8_to_32_waves(gpu, 10.0, np.inf) < median_8_to_32_waves(gpu, 0.3, 1.0) - 0.05
+
+
+def test_test_split_gemms_run_faster_than_training_shapes_of_equal_work(data_dir):
+    """`accuracy --splits`: the test file's transformer GEMMs (mostly aligned)
+    run faster than the training file's random shapes of the same work, on
+    every GPU; the training split has no aligned shape at all."""
+    from benchmarks import accuracy
+
+    df = accuracy.split_efficiencies(data_dir)
+    assert set(df.split) == {"train", "test"}
+    assert np.isfinite(df.eta).all() and (df.eta > 0).all() and (df.gflop > 0).all()
+    assert not df[df.split == "train"].aligned.any()
+    assert df[df.split == "test"].aligned.mean() > 0.5
+    text = accuracy.split_table(df)
+    assert "test / train" in text and "> 100" in text
+    big = df[df.gflop > 10]
+    med = big.groupby(["gpu", "split"]).eta.median().unstack()
+    assert (med.test > med.train * 1.03).all(), med
 
 
 # ---- per-chip corrections ------------------------------------------------------
