@@ -26,6 +26,15 @@ softmax 23.4 / 22.6 / 23.2 -> 21.4 / 20.8 / 20.6, layer norm 15.2 / 14.2 /
 15.7 -> 13.0 / 13.2 / 13.2. Elementwise kernels read once, and the flag cost
 them (11.4 -> 13.5): not for them.
 
+The wave features (3-5) count the thread blocks the op's kernel really
+launches (`kernels.work.thread_blocks`). For softmax that is PyTorch's own
+dispatch (`softmax_launch`: several rows a block up to rows of 1,024, then
+one block of up to 512 threads a row), which matches every softmax launch
+in the training files; one 128-thread block per row before it (the
+layer-norm kernel's launch, still right for layer norm). Chosen the same
+way: softmax 20.9 -> 18.9 (the shipped recipe, seed 0), single networks,
+seeds 0-2: 22.4 / 20.8 / 21.7 -> 19.7 / 20.7 / 18.5.
+
 Batched GEMMs have a group of their own (G_BMM) with NeuSight's inputs
 instead: the GEMM as waves of thread-block tiles seen from one SM
 (`bmm_features`); the tile comes from the GEMM tile rule the weights carry

@@ -89,6 +89,44 @@ def flops_and_elems(family, d):
     return float(d[L.MEM_FLOPS]), float(d[L.MEM_READ] + d[L.MEM_WRITTEN])
 
 
+# PyTorch's softmax over the last dim (aten/src/ATen/native/cuda/SoftMax.cu,
+# forward and backward alike): rows of up to SOFTMAX_WARP_ROW elements
+# (4 KB of fp32) go to the persistent warp kernel, one row per warp (two when
+# the row, rounded up to a power of two, is at most 128), a warp narrowed to
+# the row's power of two, 128 threads a block; longer rows get one block
+# each, of the power of two at or above half of min(row / 4, 1,024) (float4
+# loads; so 32 to 512 threads). It matches the launch (grid and block dims)
+# of every softmax kernel in the training files. Feeding the networks these
+# waves instead of one 128-thread block per row moved held-out softmax 20.9
+# -> 18.9 % (the shipped recipe; `benchmarks.feature_selection --group
+# softmax --ensemble 4`).
+SOFTMAX_WARP_ROW = 1024
+SOFTMAX_WARP_BLOCK = 128
+SOFTMAX_ILP = 4
+MAX_BLOCK_THREADS = 1024
+
+
+@njit(cache=True)
+def softmax_launch(inner, outer):
+    """(thread blocks, blocks resident per SM at most, threads per block) of
+    a softmax over rows of `inner` elements, `outer` of them."""
+    inner = max(inner, 1)
+    outer = max(outer, 1)
+    if inner <= SOFTMAX_WARP_ROW:
+        p2 = 1
+        while p2 < inner:
+            p2 *= 2
+        warp = min(p2, 32)
+        rows_per_warp = 2 if p2 <= 128 else 1
+        rows_per_block = (SOFTMAX_WARP_BLOCK // warp) * rows_per_warp
+        return _cdiv(outer, rows_per_block), 32, SOFTMAX_WARP_BLOCK
+    cap = min(inner // SOFTMAX_ILP, MAX_BLOCK_THREADS) // 2
+    threads = 1
+    while threads < cap:
+        threads *= 2
+    return outer, 32, max(threads, 32)
+
+
 @njit(cache=True)
 def thread_blocks(family, d):
     """(thread blocks, blocks resident per SM at most, threads per block)."""
@@ -99,9 +137,10 @@ def thread_blocks(family, d):
         return max(d[0] * d[1] * _cdiv(d[2], ATTN_TILE), 1), 1, 128
     if family == L.LSTM or family == L.LSTM_BWD:
         return max(_cdiv(d[1], LSTM_TILE_B) * _cdiv(4 * d[3], LSTM_TILE_G), 1), 1, 256
-    if family == L.SOFTMAX or family == L.SOFTMAX_BWD or family == L.LAYER_NORM \
-            or family == L.LAYER_NORM_BWD:
-        return max(d[L.MEM_OUTER], 1), 8, 128  # one block per row
+    if family == L.SOFTMAX or family == L.SOFTMAX_BWD:
+        return softmax_launch(d[L.MEM_INNER], d[L.MEM_OUTER])
+    if family == L.LAYER_NORM or family == L.LAYER_NORM_BWD:
+        return max(d[L.MEM_OUTER], 1), 8, 128  # one block of 128 threads per row
     written = max(d[L.MEM_WRITTEN], d[L.MEM_READ] // 2, 1)
     return max(_cdiv(written, EW_THREADS * EW_ELEMS_PER_THREAD), 1), 16, EW_THREADS
 

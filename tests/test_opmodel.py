@@ -281,6 +281,41 @@ def test_training_gemms_tile_the_output_their_launch_grid_tiles(data_dir):
             assert match > 0.99, f"{f.name}: {match:.1%} of {op} grids tile the loader's output"
 
 
+def test_softmax_launch_is_pytorchs():
+    """kernels.work.softmax_launch: rows up to 1,024 go to the warp kernel
+    (128 threads, 4 rows a block, 8 when the row's power of two is at most
+    128), longer ones to one block each; launches read off the training
+    files (T4), and the reference mirror agrees."""
+    from predictor import reference as R
+    from predictor.kernels.work import softmax_launch
+
+    # (rows, row length) -> (grid, threads), from the files' Grid x and Block x * y.
+    seen = {(92, 148): (23, 128), (385, 489): (97, 128), (708, 45): (89, 128),
+            (40, 56): (5, 128), (1762, 557): (441, 128), (11146, 2492): (11146, 512),
+            (9127, 1526): (9127, 256), (5657, 2839): (5657, 512)}
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    for (outer, inner), (grid, threads) in seen.items():
+        blocks, _, t = softmax_launch(inner, outer)
+        assert (blocks, t) == (grid, threads), (outer, inner)
+        d[L.MEM_INNER], d[L.MEM_OUTER] = inner, outer
+        for fam in (L.SOFTMAX, L.SOFTMAX_BWD):
+            assert R.thread_blocks(fam, list(d))[::2] == (grid, threads)
+    assert softmax_launch(1, 1)[::2] == (1, 128)
+    assert softmax_launch(1 << 20, 3)[::2] == (3, 512)  # half of the 1,024-thread cap
+
+
+def test_softmax_launch_matches_every_training_kernel(data_dir):
+    import pandas as pd
+
+    from predictor.kernels.work import softmax_launch
+
+    for f in sorted((data_dir / "train" / "softmax").glob("*.csv")):
+        df = pd.read_csv(f)
+        got = np.array([softmax_launch(int(h), int(b))[::2] for b, h in zip(df.B, df.H)])
+        want = np.stack([df["Grid x"], df["Block x"] * df["Block y"]], axis=1)
+        assert (got == want).all(), f.name
+
+
 @needs_weights
 def test_linear_and_row_major_matmul_are_priced_apart():
     x, w = (4096, 1280), (3840, 1280)
