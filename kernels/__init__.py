@@ -210,6 +210,40 @@ def _install(cache_dir: str) -> bool:
     return True
 
 
+def _give_the_name_back() -> None:
+    """Imported as the top-level ``kernels`` rather than ``predictor.kernels``,
+    this folder is on the path only because a checkout's root is (``python
+    -m`` or ``pytest`` run there). That name belongs to Hugging Face's
+    ``kernels`` distribution, which transformers 5.25 and later requires and
+    imports by it: with this folder in its place, ``import transformers``
+    fails from a checkout. Put the installed distribution in this module's
+    place; without one, this module stays, with no side effects."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    root = HERE.parent
+
+    def is_root(entry: str) -> bool:
+        try:
+            return Path(entry or os.getcwd()).resolve() == root
+        except (OSError, ValueError):
+            return False
+
+    spec = importlib.machinery.PathFinder.find_spec(
+        __name__, [p for p in sys.path if isinstance(p, str) and not is_root(p)])
+    if spec is None or spec.loader is None:
+        return
+    ours = sys.modules[__name__]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[__name__] = module  # what the import statement returns
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules[__name__] = ours
+        raise
+
+
 def _setup() -> None:
     if os.environ.get("NUMBA_CACHE_DIR"):
         return  # the user's choice; numba's own rules apply
@@ -231,4 +265,7 @@ def _setup() -> None:
         numba_config.CACHE_DIR = chosen
 
 
-_setup()
+if __name__ == "kernels":
+    _give_the_name_back()
+else:
+    _setup()

@@ -139,3 +139,25 @@ def test_user_choice_wins(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "mine").is_dir() and not (tmp_path / "xdg").exists()
+
+
+def test_a_checkout_root_on_the_path_leaves_the_kernels_name_to_its_distribution(tmp_path):
+    """From a checkout's root (`python -m`, `pytest`) this folder is importable
+    as a top-level `kernels`, the name of Hugging Face's distribution, which
+    transformers 5.25+ requires and imports: the installed one must win, and
+    predictor.kernels stay ours."""
+    fake = tmp_path / "site" / "kernels"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("REAL = 'the distribution'\n")
+    code = ("import kernels, predictor.kernels as pk; from predictor.kernels import layout; "
+            "print(kernels.REAL); print(pk.__name__, hasattr(pk, 'default_dir'))")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["the distribution", "predictor.kernels True"]
+    # Without a distribution of that name the folder stays, and does nothing.
+    proc = subprocess.run([sys.executable, "-c", "import kernels; print(kernels.__file__)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr
