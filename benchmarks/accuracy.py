@@ -53,6 +53,7 @@ from predictor.calibration import datasets as D
 from predictor.calibration import train as T
 from predictor.kernels import layout as L
 from predictor.kernels.optime import isolated_times_us
+from predictor.kernels.work import flops_and_elems, gemm_shape
 
 FAMILIES = ("linear", "bmm", "conv", "elementwise", "softmax", "layer_norm")
 EXCLUDED_FROM_MEAN = ("P4",)
@@ -256,8 +257,6 @@ def dram_fractions(data: Path) -> pd.DataFrame:
     measured time), with its working set against the GPU's L2. The training
     split only: the learned models' bandwidth bound
     (``kernels.features.ACHIEVABLE_DRAM``) is read from it."""
-    from predictor.kernels.work import flops_and_elems
-
     s = D.load_train(data, ops=D.BINARY + D.UNARY + ("softmax", "ln"))
     nbytes = np.array([flops_and_elems(int(f), d)[1] * 4.0 for f, d in zip(s.family, s.dims)])
     feats, index = _gpu_arrays(s)
@@ -303,12 +302,11 @@ def split_efficiencies(data: Path) -> pd.DataFrame:
     for split, s in (("train", D.load_train(data, ops=("linear",))),
                      ("test", D.load_test(data, ops=("linear",)))):
         _, ideal, _, meas_us = T.features(s)
-        d = np.asarray(s.dims, dtype=np.float64)
-        m, n, k = d[:, 0] * d[:, 1], d[:, 2], d[:, 3]  # x[B*M, K] @ W[N, K]^T
+        shapes = np.array([gemm_shape(L.MATMUL, d) for d in s.dims], dtype=np.int64)
         parts.append(pd.DataFrame({
             "split": split, "gpu": s.gpu, "eta": ideal / meas_us,
-            "gflop": 2.0 * m * n * k / 1e9,
-            "aligned": (m % 32 == 0) & (n % 32 == 0) & (k % 32 == 0)}))
+            "gflop": np.prod(shapes.astype(np.float64), axis=1) * 2.0 / 1e9,
+            "aligned": (shapes[:, 1:] % 32 == 0).all(axis=1)}))
     return pd.concat(parts, ignore_index=True)
 
 

@@ -107,23 +107,26 @@ MAX_BLOCK_THREADS = 1024
 
 
 @njit(cache=True)
+def _ceil_pow2(x):
+    """The smallest power of two at or above `x` (1 for x <= 1)."""
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+@njit(cache=True)
 def softmax_launch(inner, outer):
     """(thread blocks, blocks resident per SM at most, threads per block) of
     a softmax over rows of `inner` elements, `outer` of them."""
     inner = max(inner, 1)
     outer = max(outer, 1)
     if inner <= SOFTMAX_WARP_ROW:
-        p2 = 1
-        while p2 < inner:
-            p2 *= 2
-        warp = min(p2, 32)
+        p2 = _ceil_pow2(inner)
         rows_per_warp = 2 if p2 <= 128 else 1
-        rows_per_block = (SOFTMAX_WARP_BLOCK // warp) * rows_per_warp
+        rows_per_block = (SOFTMAX_WARP_BLOCK // min(p2, 32)) * rows_per_warp
         return _cdiv(outer, rows_per_block), 32, SOFTMAX_WARP_BLOCK
-    cap = min(inner // SOFTMAX_ILP, MAX_BLOCK_THREADS) // 2
-    threads = 1
-    while threads < cap:
-        threads *= 2
+    threads = _ceil_pow2(min(inner // SOFTMAX_ILP, MAX_BLOCK_THREADS) // 2)
     return outer, 32, max(threads, 32)
 
 

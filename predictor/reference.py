@@ -103,11 +103,11 @@ def thread_blocks(family: int, d: Sequence[int]) -> tuple[int, int, int]:
     if family in (L.SOFTMAX, L.SOFTMAX_BWD):
         inner, outer = max(int(d[L.MEM_INNER]), 1), max(int(d[L.MEM_OUTER]), 1)
         if inner <= W.SOFTMAX_WARP_ROW:
-            p2 = 1 << max(inner - 1, 0).bit_length()
+            p2 = 1 << (inner - 1).bit_length()
             rows_per_block = (W.SOFTMAX_WARP_BLOCK // min(p2, 32)) * (2 if p2 <= 128 else 1)
             return _cdiv(outer, rows_per_block), 32, W.SOFTMAX_WARP_BLOCK
         cap = min(inner // W.SOFTMAX_ILP, W.MAX_BLOCK_THREADS) // 2
-        threads = 1 << max(cap - 1, 0).bit_length() if cap > 1 else 1
+        threads = 1 << (cap - 1).bit_length() if cap > 1 else 1
         return outer, 32, max(threads, 32)
     if family in (L.LAYER_NORM, L.LAYER_NORM_BWD):
         return max(d[L.MEM_OUTER], 1), 8, 128
