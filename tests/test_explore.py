@@ -327,8 +327,14 @@ def test_cli_driver_killed_then_resumed(tmp_path):
 # ---- the local pool's workers: sessions of their own, bound to the driver ----------
 
 POOL_DRIVER_PY = """
-import json, os, sys, time, torch
+import json, os, signal, sys, time, torch
 from predictor.exploration import Space, explore
+
+# Ctrl-C as a terminal delivers it. A process started as a background job of a
+# non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and Python
+# keeps an inherited SIG_IGN instead of raising KeyboardInterrupt: the driver
+# would then sleep through the test's SIGINT.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def probe(i, folder):
     tmp = os.path.join(folder, f"{os.getpid()}.tmp")
