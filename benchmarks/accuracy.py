@@ -4,6 +4,7 @@
     python -m benchmarks.accuracy --data ../shared/data/neusight --spread
     python -m benchmarks.accuracy --data ../shared/data/neusight --duration
     python -m benchmarks.accuracy --data ../shared/data/neusight --splits
+    python -m benchmarks.accuracy --data ../shared/data/neusight --rows [--models-cache DIR]
 
 Two evaluations, per op family (linear, bmm, conv, elementwise, softmax, layer norm):
 
@@ -37,6 +38,19 @@ shapes (80 % of them aligned so), which run faster at equal work, most of
 all on the slowest boards (T4, P100, P4). The test GEMMs are also larger:
 median 168 GFLOP against the training files' 11, and 5 % of them larger
 than any training GEMM.
+
+``--rows`` prints the softmax and layer-norm kernels' sustained DRAM
+bandwidth (the minimum bytes, one read and one write of the tensor, over the
+measured time, as a fraction of the spec sheet's) by row length, training
+split against test split, per GPU, over tensors of 16x the L2 and more. The training rows end at 4,094 elements;
+the test rows go to 16,384. PyTorch's softmax kernel for rows over 1,024
+reads its row three times (maximum, sum of exponentials, then the write
+pass); the re-reads come from the caches while the rows of every resident
+block fit in them, and from DRAM once they do not. Past 8k elements the
+test split's softmax sustains 0.38-0.55 of the bandwidth on every GPU,
+against 0.67-0.87 for rows of up to 1k; no training row is that long, so
+no model fitted to the training files sees it. Layer norm (two passes over
+its row) falls with row length on the A100 only.
 """
 
 from __future__ import annotations
@@ -310,6 +324,71 @@ def split_efficiencies(data: Path) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+ROW_BINS = (0, 1024, 2048, 4096, 8192, np.inf)  # elements a row; a bin holds its upper edge
+ROW_LABELS = ("<= 1k", "1k-2k", "2k-4k", "4k-8k", "> 8k")
+
+
+def row_bandwidths(data: Path) -> pd.DataFrame:
+    """Every softmax and layer-norm kernel of both splits with its row length
+    and its sustained DRAM bandwidth as a fraction of the spec sheet's (the
+    tensor read once and written once, over the measured time)."""
+    parts = []
+    for split, s in (("train", D.load_train(data, ops=("softmax", "ln"))),
+                     ("test", D.load_test(data, ops=("softmax", "ln")))):
+        feats, index = _gpu_arrays(s)
+        nbytes = 8.0 * s.dims[:, L.MEM_INNER] * s.dims[:, L.MEM_OUTER]
+        parts.append(pd.DataFrame({
+            "split": split, "gpu": s.gpu, "op": s.op, "row": s.dims[:, L.MEM_INNER],
+            "fraction": nbytes / (s.latency_ms * 1e-3) / (feats[index, L.G_MEM_BW_GBS] * 1e9),
+            "bytes_over_l2": nbytes / (feats[index, L.G_L2_MB] * 2.0 ** 20)}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def row_table(df: pd.DataFrame) -> str:
+    """Median DRAM fraction per op, GPU and row-length bin over the kernels
+    whose tensor is at least 16x the GPU's L2 (streamed from DRAM, as every
+    test-split kernel is); each cell training split / test split, "-" where
+    a split has no such kernel of that row length."""
+    df = df[df.bytes_over_l2 >= 16.0]
+    bins = pd.cut(df.row, ROW_BINS, labels=ROW_LABELS)
+    med = df.groupby(["op", "gpu", bins, "split"], observed=True).fraction.median()
+    out = []
+    for op in sorted(set(df.op)):
+        t = med[op].unstack("split")
+        cells = pd.DataFrame(index=t.index)
+        cells["cell"] = [f"{a:.2f} / {b:.2f}".replace("nan", "-")
+                         for a, b in zip(t.get("train", np.nan), t.get("test", np.nan))]
+        grid = cells.cell.unstack(fill_value="- / -")
+        grid.columns.name = "row elements"
+        out.append(f"{op}: median DRAM fraction, training / test split\n" + grid.to_string())
+    longest = df.groupby("split").row.max()
+    return ("\n\n".join(out) + "\n\nlongest row: "
+            + ", ".join(f"{k} {int(v):,}" for k, v in longest.items()))
+
+
+def row_errors(data: Path, cache: Path | None, log=print) -> pd.DataFrame:
+    """LOGO MAPE % of the held-out op models (the shipped recipe, seed 0;
+    ``predictor.calibration.blend.held_out_model``, cached in `cache`) on each
+    GPU's softmax and layer-norm test rows, rows of up to 8k elements apart
+    from longer ones (MAPE % and the median predicted / measured time)."""
+    from predictor.calibration import blend as B
+
+    train, test = D.load_train(data), D.load_test(data, ops=("softmax", "ln"))
+    out = []
+    for held in sorted(set(test.gpu)):
+        ev = test.subset(test.gpu == held)
+        pred = predict_learned(B.held_out_model(train, held, cache=cache, log=log), ev)
+        ratio = pred / ev.latency_ms
+        long = ev.dims[:, L.MEM_INNER] > 8192
+        for op in ("softmax", "ln"):
+            for name, pick in (("<= 8k", ~long), ("> 8k", long)):
+                sel = (ev.op == op) & pick
+                out.append({"op": op, "gpu": held, "rows": name, "n": int(sel.sum()),
+                            "mape": float(np.mean(np.abs(ratio[sel] - 1.0)) * 100.0),
+                            "median pred / meas": float(np.median(ratio[sel]))})
+    return pd.DataFrame(out)
+
+
 def split_table(df: pd.DataFrame) -> str:
     """Median efficiency per GPU and size bin, training split / test split,
     and the share of aligned shapes in each split."""
@@ -428,7 +507,27 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", action="store_true",
                     help="only the linear GEMMs' efficiency by size, training split against "
                          "test split, per GPU")
+    ap.add_argument("--rows", action="store_true",
+                    help="only the softmax and layer-norm kernels' DRAM fraction by row "
+                         "length, training split against test split, per GPU")
+    ap.add_argument("--models-cache", type=Path, default=None,
+                    help="with --rows: also score the held-out op models (cached here, trained "
+                         "where missing) on short and long rows")
     args = ap.parse_args(argv)
+    if args.rows:
+        print("Softmax and layer norm: sustained DRAM bandwidth (tensor read once and written")
+        print("once, over the measured time) / spec-sheet bandwidth, by row length")
+        print(row_table(row_bandwidths(Path(args.data))))
+        if args.models_cache is not None:
+            err = row_errors(Path(args.data), args.models_cache)
+            print()
+            print("Held-out op models (trained without the GPU): MAPE % on its test rows")
+            print(err.pivot_table(index=["op", "gpu"], columns="rows",
+                                  values=["mape", "median pred / meas", "n"]).round(2).to_string())
+            for op, sel in err[~err.gpu.isin(EXCLUDED_FROM_MEAN)].groupby("op"):
+                print(f"{op}, mean except {', '.join(EXCLUDED_FROM_MEAN)}: "
+                      + ", ".join(f"rows {r} {m:.1f}" for r, m in sel.groupby("rows").mape.mean().items()))
+        return 0
     if args.splits:
         print("Linear GEMMs: median efficiency (ideal time at the spec sheet's peaks /")
         print("measured time) by work, training split against test split")

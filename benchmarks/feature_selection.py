@@ -123,7 +123,38 @@ CANDIDATES = {
     # (`features.conv_alignment_dims`). Use with --drop 11,13.
     "conv11batch": lambda s: _conv_alignment(s)[0],
     "conv13batch": lambda s: _conv_alignment(s)[1],
+    # cuDNN's Winograd F(4x4, 3x3), the algorithm of most of the training
+    # convolutions (every one is 3x3, stride 1; the kernel names record fused
+    # and non-fused Winograd, implicit GEMM and FFT): log2 of the output-tile
+    # quantisation (ceil(P/4) * 4 / P)^2, log2 of the transforms' bytes time
+    # over the transformed GEMM's compute time, and log2 of that compute time
+    # (us). 0 for other rows. Tried 3 Dec 2026, not shipped (`--group conv`,
+    # seed 0 / 1): 22.9 / 23.0 -> winoq,winot 23.0 / 23.5, all three 22.8.
+    "winoq": lambda s: _winograd_columns(s)[0],
+    "winot": lambda s: _winograd_columns(s)[1],
+    "winoc": lambda s: _winograd_columns(s)[2],
 }
+
+
+def _winograd_columns(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The "winoq", "winot" and "winoc" candidates of 3x3 stride-1 forward
+    convolutions: 36 GEMMs of (tiles x C) @ (C x K), tiles = N ceil(P/4)
+    ceil(Q/4); the transforms write and read back 36 values a tile and
+    channel on each side, plus the filter's, the input and the output."""
+    quant, balance, compute = np.zeros(len(s)), np.zeros(len(s)), np.zeros(len(s))
+    peak = _gpu_column(s, L.G_FP32_TFLOPS) * 1e12
+    bw = _gpu_column(s, L.G_MEM_BW_GBS) * 1e9
+    for i, (f, d) in enumerate(zip(s.family, s.dims)):
+        if int(f) != L.CONV or d[5] != 3 or d[10] != 1:
+            continue
+        n, c, h, w, k, p, q = d[0], d[1], d[2], d[3], d[4], d[7], d[8]
+        tiles = n * -(-p // 4) * -(-q // 4)
+        quant[i] = np.log2(tiles * 16.0 / (n * p * q))
+        flops = 2.0 * 36 * tiles * c * k
+        nbytes = 4.0 * (72 * tiles * (c + k) + 36 * c * k + n * c * h * w + n * k * p * q)
+        balance[i] = np.log2((nbytes / bw[i]) / (flops / peak[i]))
+        compute[i] = np.log2(flops / peak[i] * 1e6)
+    return quant, balance, compute
 
 
 def _conv_alignment(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray]:

@@ -437,6 +437,26 @@ def test_test_split_gemms_run_faster_than_training_shapes_of_equal_work(data_dir
     assert (med.test > med.train * 1.03).all(), med
 
 
+def test_softmax_rows_past_the_training_range_run_at_a_lower_dram_fraction(data_dir):
+    """`accuracy --rows`: the training files' softmax and layer-norm rows end
+    at about 4k elements, the test file's go to 16k; on every GPU the test
+    split's softmax over rows longer than 8k sustains far less of the DRAM
+    bandwidth than its rows of up to 1k (the kernel's re-reads of its row no
+    longer come from the caches)."""
+    from benchmarks import accuracy
+
+    df = accuracy.row_bandwidths(data_dir)
+    assert set(df.split) == {"train", "test"} and set(df.op) == {"softmax", "ln"}
+    assert np.isfinite(df.fraction).all() and (df.fraction > 0).all()
+    assert df[df.split == "train"].row.max() <= 4100 < 8192 < df[df.split == "test"].row.max()
+    text = accuracy.row_table(df)
+    assert "> 8k" in text and "longest row" in text
+    sm = df[(df.op == "softmax") & (df.split == "test") & (df.bytes_over_l2 >= 16)]
+    short = sm[sm.row <= 1024].groupby("gpu").fraction.median()
+    long = sm[sm.row > 8192].groupby("gpu").fraction.median()
+    assert len(long) == 5 and (long < 0.8 * short[long.index]).all(), (short, long)
+
+
 # ---- per-chip corrections ------------------------------------------------------
 
 def test_chip_key_names_the_chip_not_the_board():
