@@ -42,8 +42,9 @@ than any training GEMM.
 ``--rows`` prints the softmax and layer-norm kernels' sustained DRAM
 bandwidth (the minimum bytes, one read and one write of the tensor, over the
 measured time, as a fraction of the spec sheet's) by row length, training
-split against test split, per GPU, over tensors of 16x the L2 and more. The training rows end at 4,094 elements;
-the test rows go to 16,384. PyTorch's softmax kernel for rows over 1,024
+split against test split, per GPU, over tensors of 16x the L2 and more.
+The training files' softmax rows end at 4,094 elements (layer norm's at
+4,100); the test rows go to 16,384. PyTorch's softmax kernel for rows over 1,024
 reads its row three times (maximum, sum of exponentials, then the write
 pass); the re-reads come from the caches while the rows of every resident
 block fit in them, and from DRAM once they do not. Past 8k elements the
@@ -349,6 +350,7 @@ def row_table(df: pd.DataFrame) -> str:
     whose tensor is at least 16x the GPU's L2 (streamed from DRAM, as every
     test-split kernel is); each cell training split / test split, "-" where
     a split has no such kernel of that row length."""
+    longest = df.groupby(["op", "split"]).row.max()   # over every kernel
     df = df[df.bytes_over_l2 >= 16.0]
     bins = pd.cut(df.row, ROW_BINS, labels=ROW_LABELS)
     med = df.groupby(["op", "gpu", bins, "split"], observed=True).fraction.median()
@@ -361,9 +363,8 @@ def row_table(df: pd.DataFrame) -> str:
         grid = cells.cell.unstack(fill_value="- / -")
         grid.columns.name = "row elements"
         out.append(f"{op}: median DRAM fraction, training / test split\n" + grid.to_string())
-    longest = df.groupby("split").row.max()
     return ("\n\n".join(out) + "\n\nlongest row: "
-            + ", ".join(f"{k} {int(v):,}" for k, v in longest.items()))
+            + ", ".join(f"{op} {split} {int(v):,}" for (op, split), v in longest.items()))
 
 
 def row_errors(data: Path, cache: Path | None, log=print) -> pd.DataFrame:

@@ -278,3 +278,75 @@ def test_gpus_outside_the_training_data_are_named_in_every_format(lm_factory, ca
           .removeprefix("predictor: note: "))
     assert cli.main(["predict", lm_factory, "--gpus", "T4,A100-SXM4-80GB", "--json"]) == 0
     assert not any("training data" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+# ---- shapes no measured kernel covers -------------------------------------------
+
+LONG_SOFTMAX = '''
+import torch
+
+class Scores(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, n)
+
+    def forward(self, x):
+        return torch.softmax(self.proj(x), dim=-1)
+
+def long_rows():
+    return Scores(16384), (torch.zeros(256, 64),)
+
+def short_rows():
+    return Scores(512), (torch.zeros(256, 64),)
+'''
+
+
+def test_softmax_rows_longer_than_any_measured_are_noted_in_every_format(tmp_path, capsys,
+                                                                        lm_factory):
+    """A softmax over rows longer than every measured one (the models price
+    it up to 2x too fast) is named in one note, in the table, --json and
+    --csv's stderr, with its row length and share of the step's bytes; rows
+    within the measured range, and a small share of long ones (the tiny LM's
+    loss over its 1,000-word vocabulary is within range anyway), are not."""
+    from predictor import opmodel
+
+    path = tmp_path / "scores.py"
+    path.write_text(LONG_SOFTMAX)
+    args = ["predict", f"{path}:long_rows", "--gpus", "T4"]
+
+    def check(note):
+        assert note.startswith("2 softmax ops over rows of up to 16,384 elements (")
+        assert f"longer than any measured ({opmodel.LONGEST_MEASURED_SOFTMAX_ROW:,})" in note
+        assert "\n" not in note
+
+    assert cli.main(args) == 0
+    check(next(line for line in capsys.readouterr().out.splitlines() if "softmax ops" in line))
+    assert cli.main(args + ["--json"]) == 0
+    check(next(n for n in json.loads(capsys.readouterr().out)["notes"] if "softmax" in n))
+    assert cli.main(args + ["--csv"]) == 0
+    check(next(line for line in capsys.readouterr().err.splitlines() if "softmax" in line)
+          .removeprefix("predictor: note: "))
+    for factory in (f"{path}:short_rows", lm_factory):
+        assert cli.main(["predict", factory, "--gpus", "T4", "--json"]) == 0
+        assert not any("softmax" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+def test_a_small_share_of_long_softmax_rows_is_not_noted():
+    """The note's threshold is the rows' share of the step's bytes moved."""
+    from predictor import opmodel
+    from predictor.kernels import layout as L
+    from predictor.optable import Graph, OpTable
+
+    def graph(long_count):
+        d = np.zeros((2, L.MAX_DIMS), dtype=np.int64)
+        d[:, L.MEM_INNER] = (50_000, 512)
+        d[:, L.MEM_OUTER] = 64
+        d[:, L.MEM_READ] = d[:, L.MEM_INNER] * 64
+        d[:, L.MEM_WRITTEN] = d[:, L.MEM_INNER] * 64
+        z = np.zeros(2, dtype=np.int64)
+        ops = OpTable(np.array([L.SOFTMAX, L.ELEMENTWISE]), z, z + L.F32,
+                      np.array([long_count, 10_000]), z + 1, d, np.zeros_like(d), z, ["x"])
+        return Graph("g", ops, batch_size=1)
+
+    assert "(33% of the step's bytes" in opmodel.unmeasured_shape_notes(graph(50))[0]
+    assert not opmodel.unmeasured_shape_notes(graph(1))   # 1 % of the bytes

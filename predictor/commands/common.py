@@ -128,8 +128,9 @@ def load_specs(files: Sequence[str]) -> None:
 def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     """One-line notes every output format shows (table: under it; --json: a
     "notes" list; --csv: on stderr): how the step was traced, the GPUs asked
-    for whose chip the op models were not trained on, and bf16 asked of GPUs
-    without bf16 tensor cores."""
+    for whose chip the op models were not trained on, ops of shapes no
+    measured kernel covers (``opmodel.unmeasured_shape_notes``), and bf16
+    asked of GPUs without bf16 tensor cores."""
     from predictor import opmodel
 
     out = list(getattr(graph, "notes", None) or [])
@@ -142,6 +143,7 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
                    f"({trained}); predicted from the spec sheet, so expect larger errors than "
                    "on those (README, 'How accurate'); calibrating on a GPU of its architecture "
                    "and compute capability narrows them")
+    out += opmodel.unmeasured_shape_notes(graph)
     lacking = [g.id for g in gpus if bf16 and g.spec.get("bf16_supported", True) is False]
     if lacking:
         out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "
