@@ -274,11 +274,15 @@ def dram_fractions(data: Path) -> pd.DataFrame:
     (``kernels.features.ACHIEVABLE_DRAM``) is read from it."""
     s = D.load_train(data, ops=D.BINARY + D.UNARY + ("softmax", "ln"))
     nbytes = np.array([flops_and_elems(int(f), d)[1] * 4.0 for f, d in zip(s.family, s.dims)])
+    return pd.DataFrame({"gpu": s.gpu, "op": s.op, **_dram_columns(s, nbytes)})
+
+
+def _dram_columns(s: D.OpSamples, nbytes: np.ndarray) -> dict[str, np.ndarray]:
+    """Each sample's `nbytes` over its measured time as a fraction of its
+    GPU's spec-sheet bandwidth, and `nbytes` against the GPU's L2."""
     feats, index = _gpu_arrays(s)
-    bw = feats[index, L.G_MEM_BW_GBS] * 1e9
-    l2 = feats[index, L.G_L2_MB] * 2.0 ** 20
-    return pd.DataFrame({"gpu": s.gpu, "op": s.op, "fraction": nbytes / (s.latency_ms * 1e-3) / bw,
-                         "bytes_over_l2": nbytes / l2})
+    return {"fraction": nbytes / (s.latency_ms * 1e-3) / (feats[index, L.G_MEM_BW_GBS] * 1e9),
+            "bytes_over_l2": nbytes / (feats[index, L.G_L2_MB] * 2.0 ** 20)}
 
 
 def dram_table(df: pd.DataFrame) -> str:
@@ -336,12 +340,10 @@ def row_bandwidths(data: Path) -> pd.DataFrame:
     parts = []
     for split, s in (("train", D.load_train(data, ops=("softmax", "ln"))),
                      ("test", D.load_test(data, ops=("softmax", "ln")))):
-        feats, index = _gpu_arrays(s)
-        nbytes = 8.0 * s.dims[:, L.MEM_INNER] * s.dims[:, L.MEM_OUTER]
-        parts.append(pd.DataFrame({
-            "split": split, "gpu": s.gpu, "op": s.op, "row": s.dims[:, L.MEM_INNER],
-            "fraction": nbytes / (s.latency_ms * 1e-3) / (feats[index, L.G_MEM_BW_GBS] * 1e9),
-            "bytes_over_l2": nbytes / (feats[index, L.G_L2_MB] * 2.0 ** 20)}))
+        parts.append(pd.DataFrame({"split": split, "gpu": s.gpu, "op": s.op,
+                                   "row": s.dims[:, L.MEM_INNER],
+                                   **_dram_columns(s, 8.0 * s.dims[:, L.MEM_INNER]
+                                                   * s.dims[:, L.MEM_OUTER])}))
     return pd.concat(parts, ignore_index=True)
 
 

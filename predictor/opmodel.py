@@ -166,16 +166,13 @@ def unmeasured_shape_notes(graph, batch_size: int | None = None) -> list[str]:
     least UNMEASURED_SHARE_NOTED of the step's bytes moved at `batch_size`
     (None: the traced batch): softmax over rows longer than
     LONGEST_MEASURED_SOFTMAX_ROW."""
-    from predictor.kernels.work import row_elem_bytes
-
     ops = graph.ops
     if not len(ops):
         return []
     batch = graph.batch_size if batch_size is None else int(batch_size)
     dims = ops.dims(batch)
     elems = ops.work(batch)[1].astype(np.float64)
-    width = np.array([row_elem_bytes(int(c)) for c in ops.dtype])
-    moved = elems * width * ops.count
+    moved = elems * np.asarray(L.DTYPE_BYTES, dtype=np.float64)[ops.dtype] * ops.count
     long = np.isin(ops.family, (L.SOFTMAX, L.SOFTMAX_BWD)) \
         & (dims[:, L.MEM_INNER] > LONGEST_MEASURED_SOFTMAX_ROW)
     total = float(moved.sum())
