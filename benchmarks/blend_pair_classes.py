@@ -31,7 +31,7 @@ from predictor.calibration import datasets as D
 
 
 def _pre_volta(gpu: str) -> bool:
-    return float(hardware.get(gpu).spec["compute_capability"]) < 7.0
+    return hardware.pre_volta(hardware.get(gpu).spec) > 0.5
 
 
 def _hbm(gpu: str) -> bool:
@@ -53,17 +53,20 @@ def scores(res: pd.DataFrame) -> pd.DataFrame:
     for name, same in CLASSINGS.items():
         cls = {p: same(*p) for p in pairs}
         flag = np.array([cls[p] for p in zip(res.origin, res.target)])
-        for target in sorted(set(res.target)):
-            for value in (True, False):
-                part = res[flag == value]
-                w = B.fit_weights(part, exclude={target}) if len(part) else {}
+        for value in (True, False):
+            part = res[flag == value]
+            for target in sorted(set(part.target)):
+                w = B.fit_weights(part, exclude={target})
                 ev = part[(part.target == target) & (part.group != "")]
-                for (group, origin), x in ev.groupby(["group", "origin"]):
+                for group, g in ev.groupby("group"):
                     ww = w.get(group, 0.0)
-                    out.append({"classing": name, "group": group, "origin": origin,
-                                "target": target, "w": ww,
-                                "pure": np.abs(np.expm1(-x.r_t)).mean() * 100,
-                                "blend": np.abs(np.expm1(ww * x.r_o - x.r_t)).mean() * 100})
+                    pure, blend = B.pair_errors(g)  # pairs in origin order
+                    col = int(np.argmin(np.abs(B.WEIGHT_GRID - ww)))
+                    for origin, p_pure, p_blend in zip(sorted(set(g.origin)), pure,
+                                                       blend[:, col]):
+                        out.append({"classing": name, "group": group, "origin": origin,
+                                    "target": target, "w": ww, "pure": p_pure,
+                                    "blend": p_blend})
     return pd.DataFrame(out)
 
 
