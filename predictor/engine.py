@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from predictor import calibrated, dtypes, hardware, opmodel, overhead
+from predictor import calibrated, dtypes, expected_error, hardware, opmodel, overhead
 from predictor import memory as memmodel
 from predictor.errors import InvalidArgumentError
 from predictor.kernels import layout as L
@@ -132,11 +132,16 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
         # A phase lasts as long as the GPU's kernels or the host's dispatch, whichever is longer.
         out, exposed = overhead.combine(out, overhead.host_ms(graph, ops))
     mem = _memory(graph, chosen, batches, code, max_memory_fraction)
+    tensor = expected_error.uses_tensor_cores(graph, dtype, tf32_matmul)
+    standing = [expected_error.standing(g.id, tensor_cores=tensor,
+                                        calibrated=calibration is not None) for g in chosen]
     return SweepResult(model=graph.name, gpus=[g.id for g in chosen], batch_sizes=batches,
                        phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen],
                        overhead_phase_ms=exposed, memory_bytes=mem,
                        memory_capacity_gb=[g.memory_gb for g in chosen],
-                       max_memory_fraction=max_memory_fraction, seq_len=graph.seq_len)
+                       max_memory_fraction=max_memory_fraction, seq_len=graph.seq_len,
+                       standing=standing,
+                       error_p90_pct=[expected_error.p90_pct(s) for s in standing])
 
 
 def _check_amp(graph: Graph, code: int | None, chosen) -> None:
@@ -223,4 +228,5 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
                       op_us=per_op, unsupported=dict(graph.unsupported), op_basis=basis,
                       overhead_ms=float(res.overhead_ms[0, 0]),
                       memory_gb=None if res.memory_bytes is None else float(res.memory_gb[0, 0]),
-                      memory_capacity_gb=g.memory_gb, max_memory_fraction=max_memory_fraction)
+                      memory_capacity_gb=g.memory_gb, max_memory_fraction=max_memory_fraction,
+                      standing=res.standing[0], error_p90_pct=res.error_p90_pct[0])

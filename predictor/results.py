@@ -65,6 +65,11 @@ class Prediction:
     memory_gb: float | None = None
     memory_capacity_gb: float | None = None
     max_memory_fraction: float = 0.9
+    # Where the prediction stands against the op models' data, and the 90th
+    # percentile of |error| (%) measured for predictions of that standing
+    # (predictor.expected_error; None: none measured).
+    standing: str = ""
+    error_p90_pct: float | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -147,6 +152,8 @@ class Prediction:
             **({"tokens_per_s": self.tokens_per_s} if self.seq_len else {}),
             "memory_gb": self.memory_gb,
             "fits": self.fits,
+            "standing": self.standing,
+            "error_p90_pct": self.error_p90_pct,
         }
 
     def __repr__(self) -> str:
@@ -174,6 +181,11 @@ class SweepResult:
     max_memory_fraction: float = 0.9
     # The traced sequence length (Graph.seq_len); None: the input has no sequence dim.
     seq_len: int | None = None
+    # Per GPU: where its predictions stand against the op models' data and the
+    # 90th percentile of |error| (%) measured for that standing
+    # (predictor.expected_error; None: none measured).
+    standing: list[str] = field(default_factory=list)
+    error_p90_pct: list[float | None] = field(default_factory=list)
 
     @property
     def memory_gb(self) -> np.ndarray:
@@ -245,7 +257,16 @@ class SweepResult:
             **tokens,
             "memory_gb": self.memory_gb.ravel(),
             "fits": self.fits.ravel(),
+            **self._per_gpu_columns(g),
         })
+
+    def _per_gpu_columns(self, g: np.ndarray) -> dict:
+        """The standing and expected-error columns of rows of GPU index `g`
+        (none for a result built without them)."""
+        if len(self.standing) != len(self.gpus):
+            return {}
+        p90 = np.array([np.nan if v is None else v for v in self.error_p90_pct], dtype=np.float64)
+        return {"standing": np.asarray(self.standing, dtype=object)[g], "error_p90_pct": p90[g]}
 
     def best(self, objective: str = "throughput", *, fitting: bool = True):
         """Best batch size per GPU by `objective` ('throughput': most samples/s,

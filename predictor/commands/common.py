@@ -176,6 +176,35 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
+def json_records(df) -> list[dict]:
+    """JSON records of a results DataFrame: NaN as null, batch sizes as ints,
+    flags (fits) as bools, other numbers as floats, text as is."""
+    import math
+
+    import numpy as np
+
+    out = []
+    for row in df.to_dict(orient="records"):
+        out.append({k: (None if isinstance(v, float) and not math.isfinite(v)
+                        else bool(v) if isinstance(v, (bool, np.bool_)) else
+                        int(v) if k == "batch_size" else
+                        float(v) if not isinstance(v, str) else v)
+                    for k, v in row.items()})
+    return out
+
+
+def error_cell(p90) -> str:
+    """The expected-error cell of a table: '±9 %', '-' where none was measured."""
+    return "-" if p90 is None or p90 != p90 else f"±{p90:.0f} %"
+
+
+# What the tables' "±err" column means (predictor.expected_error).
+ERROR_COLUMN_NOTE = ("±err: 90 % of measured iterations predicted the same way were within this "
+                     "(trained: a board of the op models' data; outside: a GPU they never saw, "
+                     "left out of their training; tensor cores: published AMP/TF32 runs); README, "
+                     "'How accurate'")
+
+
 def fmt(value) -> str:
     if value is None or value != value:
         return "-"

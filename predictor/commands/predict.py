@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from predictor.commands.common import (add_calibration_argument, add_format_arguments,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
+                                       add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
-                                       add_step_arguments, batch_size_arg, console, load_specs, notes,
+                                       add_step_arguments, batch_size_arg, console,
+                                       error_cell, json_records, load_specs, notes,
                                        positive_int, print_notes_stderr, targets,
                                        trace_from_args)
 
@@ -109,10 +111,7 @@ def run(args: argparse.Namespace) -> int:
             "mode": graph.mode, "optimizer": graph.optimizer, "dtype": args.dtype or "as traced",
             "parameters": graph.parameters, "flops_per_iteration": graph.flops(),
             "unsupported_ops": graph.unsupported, "notes": lines,
-            "predictions": [
-                {k: (float(v) if k.endswith("_ms") or k in ("throughput", "tokens_per_s") else v)
-                 for k, v in row.items() if k != "batch_size"}
-                for row in df.to_dict(orient="records")],
+            "predictions": json_records(df.drop(columns="batch_size")),
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -179,7 +178,8 @@ def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
     # An inference step has no backward pass or optimizer step: no columns of 0.00.
     train = graph.mode == "train"
     phases = ("iter ms", "fwd ms", "bwd ms", "opt ms") if train else ("iter ms", "fwd ms")
-    for label in phases + ("host ms", "samples/s") \
+    errors = "error_p90_pct" in df and bool(df["error_p90_pct"].notna().any())
+    for label in phases + (("±err",) if errors else ()) + ("host ms", "samples/s") \
             + (("tokens/s",) if tokens else ()) + (("peak GiB", "fits") if memory else ()):
         table.add_column(label, justify="right", no_wrap=True)
     for row in df.itertuples():
@@ -188,6 +188,7 @@ def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
         fits = bool(row.fits)
         table.add_row(row.gpu, f"{row.iteration_ms:,.2f}", f"{row.forward_ms:,.2f}",
                       *((f"{row.backward_ms:,.2f}", f"{row.optimizer_ms:,.2f}") if train else ()),
+                      *((error_cell(row.error_p90_pct),) if errors else ()),
                       f"{host:,.2f}", f"{row.throughput:,.1f}",
                       *((f"{row.tokens_per_s:,.0f}",) if tokens else ()),
                       *((f"{row.memory_gb:,.1f}", "yes" if fits else "NO") if memory else ()),
@@ -203,6 +204,8 @@ def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
     if memory and not df["fits"].all() and df["fits"].any():
         note += (f"\nfits NO: the predicted peak is above {fraction:.0%} of the GPU's "
                  "memory (an out-of-memory error)")
+    if errors:
+        note += f"\n{ERROR_COLUMN_NOTE}"
     for line in lines:
         note += f"\n{line}"
     out.print(note, style="dim")

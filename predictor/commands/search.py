@@ -9,8 +9,9 @@ import json
 import math
 from pathlib import Path
 
-from predictor.commands.common import (add_format_arguments, add_precision_arguments,
-                                       add_spec_argument, add_step_arguments, console, load_graph,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
+                                       add_precision_arguments, add_spec_argument,
+                                       add_step_arguments, console, error_cell, load_graph,
                                        load_specs, notes, parse_batch_sizes, positive_int,
                                        print_notes_stderr)
 
@@ -194,8 +195,10 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
              + (f" ({basis} prices)" if result.objective == "cost" else "")
              + f" · {result.run.describe()}" + (f" · {n} GPUs per node (DDP)" if n > 1 else ""))
     table = Table(title=title, title_justify="left")
+    errors = bool(df["error_p90_pct"].notna().any()) if "error_p90_pct" in df else False
     cols = [("#", "rank"), ("GPU", "gpu"), ("batch/GPU", "batch_size"),
-            ("iter ms", "iteration_ms"), ("samples/s", "samples_per_s"),
+            ("iter ms", "iteration_ms")] + ([("±err", "error_p90_pct")] if errors else []) + [
+            ("samples/s", "samples_per_s"),
             ("$/hour", "usd_per_hour"), ("$/1M samples", "usd_per_1m_samples")]
     if result.run.given:
         cols += [("run hours", "run_hours"), ("run $", "run_cost_usd")]
@@ -217,6 +220,8 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
             elif key == "fits":
                 ok = rec["fits"] and rec["feasible"]
                 cells.append("yes" if ok else ("no (memory)" if not rec["fits"] else "no (limits)"))
+            elif key == "error_p90_pct":
+                cells.append(error_cell(v))
             elif key in ("rank", "batch_size"):
                 cells.append(f"{int(v):,}")
             elif key == "usd_per_1m_samples" or key == "run_cost_usd":
@@ -244,6 +249,9 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
         note.append("nothing fits: try smaller batch sizes, --dtype bfloat16, or more GPUs")
     if report is not None:
         note.append(f"report: {report}")
+    if errors:
+        note.append(ERROR_COLUMN_NOTE + (" (one GPU's compute; communication is not in it)"
+                                         if n > 1 else ""))
     note.extend(lines)
     out.print("\n".join(note), style="dim")
 

@@ -9,8 +9,9 @@ import math
 import time
 from pathlib import Path
 
-from predictor.commands.common import (add_calibration_argument, add_precision_arguments,
-                                       add_spec_argument, add_step_arguments, console,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
+                                       add_precision_arguments, add_spec_argument,
+                                       add_step_arguments, console, error_cell, json_records,
                                        load_graph, load_specs, notes, parse_batch_sizes,
                                        targets)
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             "model": graph.name, "mode": graph.mode, "optimizer": graph.optimizer,
             "seq_len": graph.seq_len, "dtype": args.dtype or "as traced",
             "batch_sizes": [int(b) for b in res.batch_sizes], "gpus": res.gpus,
-            "best": _records(best), "grid": _records(df), "notes": lines,
+            "best": json_records(best), "grid": json_records(df), "notes": lines,
         }, indent=2))
         return 0
     print_best(graph, args, res, best, seconds, lines)
@@ -106,21 +107,6 @@ def _add_cost(best, res) -> None:
     best["usd_per_m_samples"] = [
         (price[g] / 3600 / t * 1e6) if price.get(g) else math.nan
         for g, t in zip(best["gpu"], best["throughput"])]
-
-
-def _records(df) -> list[dict]:
-    """JSON records: NaN as null, batch sizes as ints, flags (fits) as bools,
-    other numbers as floats."""
-    import numpy as np
-
-    out = []
-    for row in df.to_dict(orient="records"):
-        out.append({k: (None if isinstance(v, float) and not math.isfinite(v)
-                        else bool(v) if isinstance(v, (bool, np.bool_)) else
-                        int(v) if k == "batch_size" else
-                        float(v) if not isinstance(v, str) else v)
-                    for k, v in row.items()})
-    return out
 
 
 def _title(graph, args) -> str:
@@ -142,14 +128,15 @@ def print_best(graph, args, res, best, seconds: float, lines=()) -> None:
                   + (" (among those that fit in memory)" if memory else ""), title_justify="left")
     table.add_column("GPU", no_wrap=True)
     tokens = "tokens_per_s" in best  # the input has a sequence dim (graph.seq_len)
-    for label in ("batch", "ms/iter", "samples/s") + (("tokens/s",) if tokens else ()) \
-            + (("GiB",) if memory else ()) + ("$/M samples",):
+    errors = "error_p90_pct" in best and bool(best["error_p90_pct"].notna().any())
+    for label in ("batch", "ms/iter") + (("±err",) if errors else ()) + ("samples/s",) \
+            + (("tokens/s",) if tokens else ()) + (("GiB",) if memory else ()) + ("$/M samples",):
         table.add_column(label, justify="right", no_wrap=True)
     best = best.sort_values("throughput", ascending=False, ignore_index=True)
     for row in best.itertuples():
         mark = "*" if int(row.batch_size) == largest and len(res.batch_sizes) > 1 else ""
         cells = [row.gpu, f"{int(row.batch_size)}{mark}", f"{row.iteration_ms:,.2f}",
-                 f"{row.throughput:,.1f}"]
+                 *((error_cell(row.error_p90_pct),) if errors else ()), f"{row.throughput:,.1f}"]
         if tokens:
             cells.append(f"{row.tokens_per_s:,.0f}")
         if memory:
@@ -170,6 +157,8 @@ def print_best(graph, args, res, best, seconds: float, lines=()) -> None:
     if none_fit:
         note += (f"\nno batch size swept fits in memory on: {', '.join(none_fit)} "
                  f"(limit {res.max_memory_fraction:.0%} of the GPU's memory)")
+    if errors:
+        note += f"\n{ERROR_COLUMN_NOTE}"
     extra = [f"plot: {args.plot}" if args.plot else "", f"CSV: {args.csv}" if args.csv else "",
              f"graph: {args.save_graph}" if args.save_graph else ""]
     if any(extra):

@@ -1,0 +1,134 @@
+"""The error each prediction quotes beside it (``predictor.expected_error``):
+the 90th percentile of |error| of predictions of the same standing against
+measured or published iterations, and whether that band holds for a GPU left
+out of it.
+
+    python -m benchmarks.e2e --data ../shared/data/neusight --csv in_dist.csv
+    python -m benchmarks.e2e --data ../shared/data/neusight --logo --csv logo.csv
+    python -m benchmarks.expected_error --in-dist in_dist.csv --logo logo.csv [--write]
+
+- ``trained``: the first file's labels (fp32 iterations of the five training
+  boards, the shipped op models);
+- ``outside``: the second's (each GPU's labels predicted by op models trained
+  without it);
+- ``tensor cores``: the AMP and TF32 rows of ``benchmarks.amp_published``
+  (published ResNet-50 and BERT-large training throughput), computed here.
+
+The held-out check: for each GPU, the band from every *other* GPU's labels,
+and the share of its own labels inside it. A band that holds about 90 % of
+a left-out GPU's predictions is one a GPU outside the data can trust.
+``--write`` stores the figures in ``predictor/weights/expected_error.json``
+(atomically)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from predictor import expected_error
+
+OUT = Path(__file__).resolve().parent.parent / "predictor" / "weights" / expected_error.FILE
+COMMAND = ("python -m benchmarks.expected_error --in-dist in_dist.csv --logo logo.csv --write "
+           "(module docstring: the e2e runs that write the two files)")
+
+
+def p90(err) -> float:
+    return float(np.percentile(np.abs(np.asarray(err, dtype=np.float64)), 90))
+
+
+def held_out(gpus, err) -> tuple[dict[str, float], float]:
+    """({gpu: share of its |error| within the band of the other GPUs'},
+    share over all rows)."""
+    gpus = np.asarray(gpus, dtype=object)
+    err = np.abs(np.asarray(err, dtype=np.float64))
+    shares, inside = {}, 0
+    for g in dict.fromkeys(gpus):
+        mine = gpus == g
+        if mine.all():
+            continue
+        band = p90(err[~mine])
+        n_in = int((err[mine] <= band).sum())
+        shares[str(g)] = n_in / int(mine.sum())
+        inside += n_in
+    return shares, inside / len(err)
+
+
+def from_e2e(path: Path) -> tuple[list[str], np.ndarray]:
+    import pandas as pd
+
+    df = pd.read_csv(path)
+    return df["gpu"].astype(str).tolist(), df["err_pct"].to_numpy(np.float64)
+
+
+def from_published() -> tuple[list[str], np.ndarray]:
+    from benchmarks import amp_published
+
+    rows = [r for r in amp_published.run() if r["precision"] in ("amp", "tf32")]
+    return [r["gpu"] for r in rows], np.array([r["error_pct"] for r in rows])
+
+
+def standing_figures(gpus, err, source: str) -> dict:
+    shares, share = held_out(gpus, err)
+    return {"p90_abs_error_pct": round(p90(err), 1),
+            "mean_abs_error_pct": round(float(np.mean(np.abs(err))), 1),
+            "labels": len(err), "gpus": len(set(gpus)), "source": source,
+            "held_out_share_within": round(share, 3),
+            "held_out_share_within_by_gpu": {g: round(v, 3) for g, v in shares.items()}}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=OUT.parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--in-dist", type=Path, required=True,
+                    help="per-label CSV of `python -m benchmarks.e2e --csv` (shipped op models)")
+    ap.add_argument("--logo", type=Path, required=True,
+                    help="per-label CSV of `python -m benchmarks.e2e --logo --csv`")
+    ap.add_argument("--write", action="store_true", help=f"store the figures in {OUT}")
+    args = ap.parse_args(argv)
+    standings = {
+        "trained": standing_figures(*from_e2e(args.in_dist),
+                                    "NeuSight's measured fp32 iterations of the five training "
+                                    "boards, shipped op models (benchmarks.e2e)"),
+        "outside": standing_figures(*from_e2e(args.logo),
+                                    "the same iterations, each GPU's predicted by op models "
+                                    "trained without it (benchmarks.e2e --logo)"),
+        "tensor cores": standing_figures(*from_published(),
+                                         "published AMP and TF32 training throughput, ResNet-50 "
+                                         "and BERT-large (benchmarks.amp_published)"),
+    }
+    print("| standing | labels | GPUs | mean abs error | 90th percentile | held-out GPU's "
+          "labels within the others' band |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, s in standings.items():
+        print(f"| {name} | {s['labels']} | {s['gpus']} | {s['mean_abs_error_pct']:.1f} % | "
+              f"{s['p90_abs_error_pct']:.1f} % | {s['held_out_share_within']:.0%} |")
+    for name, s in standings.items():
+        by = ", ".join(f"{g} {v:.0%}" for g, v in s["held_out_share_within_by_gpu"].items())
+        print(f"{name}, by held-out GPU: {by}")
+    if args.write:
+        from predictor.io import atomic_writer
+
+        doc = {"format": expected_error.FORMAT, "command": COMMAND,
+               "date": datetime.date.today().isoformat(), "commit": _commit(),
+               "standings": standings}
+        with atomic_writer(OUT, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(doc, indent=1) + "\n")
+        expected_error.read(OUT)  # what was written reads back
+        print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""How far off a prediction may be: the measured error of predictions made the
+same way, quoted beside each one.
+
+A prediction's trust depends on where the GPU stands against the op models'
+data more than on the model: on a board whose own kernels trained the models
+the whole-iteration error is a few percent; on a GPU the models never saw it
+is about 11 % on average and over 20 % for a board that sustains its clock
+unlike the training boards (README, "How accurate"). Each prediction carries
+its *standing* and the 90th percentile of |error| that predictions of that
+standing showed against measured iterations:
+
+- ``trained``: fp32 on a board of the training data; NeuSight's measured
+  iterations of those boards, predicted with the shipped op models.
+- ``outside``: fp32 on any other GPU, including other boards of a training
+  chip (an A100 SXM4 for the A100 PCIe: same kernels, another power limit
+  and clock); the same iterations, each GPU's predicted by op models trained
+  without it (leave-one-GPU-out).
+- ``tensor cores``: half precision (``amp=``, ``dtype=float16|bfloat16``) or
+  TF32 matmuls; published training throughput of ResNet-50 and BERT-large on
+  eleven GPUs (the data holds no measured half-precision kernel).
+- ``calibrated``: measured op times scaled to the GPU; no figure (its error
+  is the calibration's: ``benchmarks/README.md``, "Calibrated mode").
+
+The figures ship in ``weights/expected_error.json``, written by
+``python -m benchmarks.expected_error`` from those harnesses' per-label
+results; that command also checks that each band holds its 90 % for a GPU
+left out of it. A package without the file quotes no figure (None)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from importlib import resources
+
+from predictor.errors import WeightsError
+
+FILE = "expected_error.json"
+FORMAT = 1
+STANDINGS = ("trained", "outside", "tensor cores", "calibrated")
+
+
+def read(path) -> dict[str, float]:
+    """{standing: 90th percentile of |error| in %} from an expected-error
+    file; a damaged file is an error naming it."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode())
+        if doc.get("format") != FORMAT or not isinstance(doc.get("standings"), dict):
+            raise ValueError(f"expected format {FORMAT} with a 'standings' object")
+        out = {str(k): float(v["p90_abs_error_pct"]) for k, v in doc["standings"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise WeightsError(f"{path}: not a readable expected-error file ({exc})") from exc
+    bad = [k for k, v in out.items()
+           if k not in STANDINGS or not (math.isfinite(v) and 0.0 < v < 1000.0)]
+    if bad:
+        raise WeightsError(f"{path}: damaged expected-error file (unknown standing or a figure "
+                           f"outside (0, 1000) %: {', '.join(bad)})")
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def shipped() -> dict[str, float]:
+    """The shipped figures ({} when the package ships none)."""
+    ref = resources.files("predictor").joinpath("weights", FILE)
+    if not ref.is_file():
+        return {}
+    with resources.as_file(ref) as path:
+        return read(path)
+
+
+def standing(gpu_id: str, *, tensor_cores: bool = False, calibrated: bool = False) -> str:
+    """Where a prediction on `gpu_id` stands against the data (module docstring)."""
+    if calibrated:
+        return "calibrated"
+    if tensor_cores:
+        return "tensor cores"
+    from predictor import opmodel
+
+    trained = opmodel.shipped()[1].get("gpus", [])
+    return "trained" if gpu_id in trained else "outside"
+
+
+def p90_pct(kind: str) -> float | None:
+    """90th percentile of |error| (%) measured for predictions of standing
+    `kind`; None where none was measured."""
+    return shipped().get(kind)
+
+
+def uses_tensor_cores(graph, dtype=None, tf32_matmul: bool | None = None) -> bool:
+    """Whether a prediction's GEMMs run on tensor cores as the published
+    figures' do: traced under autocast or in half precision, recast to it
+    (`dtype`), or with TF32 matmuls asked for."""
+    import numpy as np
+
+    from predictor import dtypes
+    from predictor.kernels import layout as L
+
+    if getattr(graph, "amp", None) is not None or bool(tf32_matmul):
+        return True
+    code = dtypes.parse(dtype)
+    if code is not None:
+        return code in (L.F16, L.BF16)
+    rows = np.asarray(getattr(getattr(graph, "ops", None), "dtype", ()))
+    return rows.size > 0 and float(np.isin(rows, (L.F16, L.BF16)).mean()) > 0.5

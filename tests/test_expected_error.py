@@ -1,0 +1,105 @@
+"""The error band each prediction quotes (predictor.expected_error) and the
+command that derives it (benchmarks.expected_error)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import predictor
+from benchmarks import expected_error as bench
+from predictor import cli, expected_error, opmodel
+from predictor.errors import WeightsError
+
+
+def _doc(**standings) -> dict:
+    return {"format": expected_error.FORMAT,
+            "standings": {k: {"p90_abs_error_pct": v} for k, v in standings.items()}}
+
+
+def test_a_file_reads_back_its_figures(tmp_path):
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(_doc(trained=9.9, outside=24.0)))
+    assert expected_error.read(path) == {"trained": 9.9, "outside": 24.0}
+
+
+@pytest.mark.parametrize("content", [
+    "{not json",
+    json.dumps({"format": 99, "standings": {}}),
+    json.dumps(_doc(trained=-1.0)),
+    json.dumps(_doc(somewhere=5.0)),
+    json.dumps({"format": 1, "standings": {"trained": {}}}),
+])
+def test_a_damaged_file_is_an_error_naming_it(tmp_path, content):
+    path = tmp_path / "damaged.json"
+    path.write_text(content)
+    with pytest.raises(WeightsError, match="damaged.json"):
+        expected_error.read(path)
+
+
+def test_standing_follows_the_data_precision_and_calibration():
+    trained = opmodel.shipped()[1].get("gpus", [])
+    if trained:
+        assert expected_error.standing(trained[0]) == "trained"
+    assert expected_error.standing("H100-SXM5-80GB") == "outside"
+    assert expected_error.standing("T4", tensor_cores=True) == "tensor cores"
+    assert expected_error.standing("T4", tensor_cores=True, calibrated=True) == "calibrated"
+
+
+def test_tensor_cores_are_half_precision_or_tf32():
+    g = predictor.trace("gpt2", batch_size=1, seq_len=32)
+    assert not expected_error.uses_tensor_cores(g)
+    assert expected_error.uses_tensor_cores(g, dtype="bf16")
+    assert not expected_error.uses_tensor_cores(g, dtype="float32")
+    assert expected_error.uses_tensor_cores(g, tf32_matmul=True)
+    amp = predictor.trace("gpt2", batch_size=1, seq_len=32, amp="bf16")
+    assert expected_error.uses_tensor_cores(amp)
+
+
+def test_every_prediction_carries_its_standing_and_band():
+    g = predictor.trace("gpt2", batch_size=1, seq_len=32)
+    df = predictor.sweep(g, gpus=["T4", "H100-SXM5-80GB"], batch_sizes=[1, 2]).to_pandas()
+    assert list(df["standing"]) == ["trained"] * 2 + ["outside"] * 2
+    figures = expected_error.shipped()
+    for row in df.itertuples():
+        want = figures.get(row.standing)
+        assert (np.isnan(row.error_p90_pct) if want is None else row.error_p90_pct == want)
+    p = predictor.predict(g, "H100-SXM5-80GB")
+    assert p.standing == "outside" and p.to_dict()["error_p90_pct"] == figures.get("outside")
+
+
+def test_the_shipped_bands_widen_away_from_the_data():
+    figures = expected_error.shipped()
+    if not figures:
+        pytest.skip("the package ships no expected-error figures")
+    assert figures["trained"] < figures["outside"]
+    assert set(figures) <= set(expected_error.STANDINGS)
+
+
+def test_held_out_share_counts_a_gpu_against_the_others_band():
+    # GPU a: errors 1..9 %; b: 10 x 2 %; c: one 50 %.
+    gpus = ["a"] * 9 + ["b"] * 10 + ["c"]
+    err = [float(i) for i in range(1, 10)] + [2.0] * 10 + [-50.0]
+    shares, overall = bench.held_out(gpus, err)
+    assert shares["c"] == 0.0  # 50 % lies outside the others' 90th percentile
+    assert shares["b"] == 1.0
+    band_a = bench.p90([2.0] * 10 + [50.0])
+    assert shares["a"] == pytest.approx(np.mean(np.arange(1, 10) <= band_a))
+    assert overall == pytest.approx((shares["a"] * 9 + 10 + 0) / 20)
+
+
+def test_tables_and_json_quote_the_band(capsys):
+    if not expected_error.shipped():
+        pytest.skip("the package ships no expected-error figures")
+    args = ["predict", "gpt2", "-b", "1", "--seq-len", "32", "--gpus", "T4,H100"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "±err" in out and "90 % of measured iterations" in out
+    assert cli.main(args + ["--json"]) == 0
+    rows = {r["gpu"]: r for r in json.loads(capsys.readouterr().out)["predictions"]}
+    assert rows["T4"]["standing"] == "trained"
+    assert rows["H100-SXM5-80GB"]["error_p90_pct"] == expected_error.shipped()["outside"]
+    assert cli.main(["sweep", "gpt2", "-b", "1,2", "--seq-len", "32", "--gpus", "T4,H100"]) == 0
+    assert "±err" in capsys.readouterr().out
