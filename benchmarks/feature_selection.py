@@ -88,6 +88,13 @@ CANDIDATES = {
     # which the softmax and layer-norm networks read as feature 13 (there,
     # ``--drop 13`` is the set without it).
     "sm70": lambda s: 1.0 - _gpu_column(s, L.G_PRE_VOLTA),
+    # 1 where the DRAM is HBM behind a memory controller of Volta or later,
+    # else 0 (GDDR boards, and the P100's HBM2 behind Pascal's controller):
+    # the training kernels' highest sustained fraction of the spec sheet's
+    # bandwidth is 0.86-0.91 on the first kind, 0.75-0.77 on the second
+    # (`python -m benchmarks.accuracy --bandwidth`).
+    "hbmv": lambda s: _spec_column(s, "memory_type", lambda t: float(str(t).startswith("HBM")))
+                      * (1.0 - _gpu_column(s, L.G_PRE_VOLTA)),
     # FP32 lanes per SM over 64, log2: shared-memory bandwidth per SM is 128
     # bytes a clock on every NVIDIA GPU since Maxwell, so a 128-lane SM has
     # half the operand bandwidth per FMA of a 64-lane one.
