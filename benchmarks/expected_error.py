@@ -9,7 +9,7 @@ out of it.
 
 - ``trained``: the first file's labels (fp32 iterations of the five training
   boards, the shipped op models);
-- ``outside``: the second's (each GPU's labels predicted by op models trained
+- ``unseen``: the second's (each GPU's labels predicted by op models trained
   without it);
 - ``tensor cores``: the AMP and TF32 rows of ``benchmarks.amp_published``
   (published ResNet-50 and BERT-large training throughput), computed here.
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         "trained": standing_figures(*from_e2e(args.in_dist),
                                     "NeuSight's measured fp32 iterations of the five training "
                                     "boards, shipped op models (benchmarks.e2e)"),
-        "outside": standing_figures(*from_e2e(args.logo),
+        "unseen": standing_figures(*from_e2e(args.logo),
                                     "the same iterations, each GPU's predicted by op models "
                                     "trained without it (benchmarks.e2e --logo)"),
         "tensor cores": standing_figures(*from_published(),

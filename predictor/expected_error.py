@@ -11,7 +11,7 @@ standing showed against measured iterations:
 
 - ``trained``: fp32 on a board of the training data; NeuSight's measured
   iterations of those boards, predicted with the shipped op models.
-- ``outside``: fp32 on any other GPU, including other boards of a training
+- ``unseen``: fp32 on any other GPU, including other boards of a training
   chip (an A100 SXM4 for the A100 PCIe: same kernels, another power limit
   and clock); the same iterations, each GPU's predicted by op models trained
   without it (leave-one-GPU-out).
@@ -37,7 +37,7 @@ from predictor.errors import WeightsError
 
 FILE = "expected_error.json"
 FORMAT = 1
-STANDINGS = ("trained", "outside", "tensor cores", "calibrated")
+STANDINGS = ("trained", "unseen", "tensor cores", "calibrated")
 
 
 def read(path) -> dict[str, float]:
@@ -78,7 +78,7 @@ def standing(gpu_id: str, *, tensor_cores: bool = False, calibrated: bool = Fals
     from predictor import opmodel
 
     trained = opmodel.shipped()[1].get("gpus", [])
-    return "trained" if gpu_id in trained else "outside"
+    return "trained" if gpu_id in trained else "unseen"
 
 
 def p90_pct(kind: str) -> float | None:

@@ -180,8 +180,8 @@ def _fmt(v, digits=3) -> str:
 
 _COLUMNS = [
     ("rank", "#"), ("gpu", "GPU"), ("gpus", "GPUs"), ("batch_size", "batch/GPU"),
-    ("iteration_ms", "iter ms"), ("samples_per_s", "samples/s"), ("usd_per_hour", "$/h"),
-    ("usd_per_1m_samples", "$/1M samples"), ("run_hours", "run h"), ("run_cost_usd", "run $"),
+    ("iteration_ms", "iter ms"), ("error_p90_pct", "±err %"), ("samples_per_s", "samples/s"),
+    ("usd_per_hour", "$/h"), ("usd_per_1m_samples", "$/1M samples"), ("run_hours", "run h"), ("run_cost_usd", "run $"),
     ("scaling_efficiency", "scaling eff."), ("memory_gb", "memory GiB"),
     ("memory_limit_gb", "limit GiB"), ("fits", "fits"), ("feasible", "constraints met"),
 ]
@@ -249,7 +249,11 @@ def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED) -> tupl
     params = f"{graph.parameters / 1e6:,.1f} M parameters · " if graph is not None else ""
     meta = (f"{params}objective: {html.escape(result.objective)} · run: "
             f"{html.escape(result.run.describe())} · {result.gpus_per_node} GPU(s) per configuration · "
-            f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · generated {data['generated']}")
+            f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · "
+            + ("±err = 90th percentile of |error| measured for predictions of the GPU's standing "
+               "(trained on, unseen, tensor cores) · "
+               if "error_p90_pct" in result.table else "")
+            + f"generated {data['generated']}")
     maxb = "".join(f"<tr><td>{html.escape(k)}</td><td>{_fmt(v)}</td></tr>"
                    for k, v in sorted(result.max_batch_sizes.items(),
                                       key=lambda kv: -(kv[1] or 0)))

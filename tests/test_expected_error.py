@@ -21,8 +21,8 @@ def _doc(**standings) -> dict:
 
 def test_a_file_reads_back_its_figures(tmp_path):
     path = tmp_path / "e.json"
-    path.write_text(json.dumps(_doc(trained=9.9, outside=24.0)))
-    assert expected_error.read(path) == {"trained": 9.9, "outside": 24.0}
+    path.write_text(json.dumps(_doc(trained=9.9, unseen=24.0)))
+    assert expected_error.read(path) == {"trained": 9.9, "unseen": 24.0}
 
 
 @pytest.mark.parametrize("content", [
@@ -43,7 +43,7 @@ def test_standing_follows_the_data_precision_and_calibration():
     trained = opmodel.shipped()[1].get("gpus", [])
     if trained:
         assert expected_error.standing(trained[0]) == "trained"
-    assert expected_error.standing("H100-SXM5-80GB") == "outside"
+    assert expected_error.standing("H100-SXM5-80GB") == "unseen"
     assert expected_error.standing("T4", tensor_cores=True) == "tensor cores"
     assert expected_error.standing("T4", tensor_cores=True, calibrated=True) == "calibrated"
 
@@ -61,20 +61,20 @@ def test_tensor_cores_are_half_precision_or_tf32():
 def test_every_prediction_carries_its_standing_and_band():
     g = predictor.trace("gpt2", batch_size=1, seq_len=32)
     df = predictor.sweep(g, gpus=["T4", "H100-SXM5-80GB"], batch_sizes=[1, 2]).to_pandas()
-    assert list(df["standing"]) == ["trained"] * 2 + ["outside"] * 2
+    assert list(df["standing"]) == ["trained"] * 2 + ["unseen"] * 2
     figures = expected_error.shipped()
     for row in df.itertuples():
         want = figures.get(row.standing)
         assert (np.isnan(row.error_p90_pct) if want is None else row.error_p90_pct == want)
     p = predictor.predict(g, "H100-SXM5-80GB")
-    assert p.standing == "outside" and p.to_dict()["error_p90_pct"] == figures.get("outside")
+    assert p.standing == "unseen" and p.to_dict()["error_p90_pct"] == figures.get("unseen")
 
 
 def test_the_shipped_bands_widen_away_from_the_data():
     figures = expected_error.shipped()
     if not figures:
         pytest.skip("the package ships no expected-error figures")
-    assert figures["trained"] < figures["outside"]
+    assert figures["trained"] < figures["unseen"]
     assert set(figures) <= set(expected_error.STANDINGS)
 
 
@@ -100,6 +100,6 @@ def test_tables_and_json_quote_the_band(capsys):
     assert cli.main(args + ["--json"]) == 0
     rows = {r["gpu"]: r for r in json.loads(capsys.readouterr().out)["predictions"]}
     assert rows["T4"]["standing"] == "trained"
-    assert rows["H100-SXM5-80GB"]["error_p90_pct"] == expected_error.shipped()["outside"]
+    assert rows["H100-SXM5-80GB"]["error_p90_pct"] == expected_error.shipped()["unseen"]
     assert cli.main(["sweep", "gpt2", "-b", "1,2", "--seq-len", "32", "--gpus", "T4,H100"]) == 0
     assert "±err" in capsys.readouterr().out

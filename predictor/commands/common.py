@@ -200,9 +200,9 @@ def error_cell(p90) -> str:
 
 # What the tables' "±err" column means (predictor.expected_error).
 ERROR_COLUMN_NOTE = ("±err: 90 % of measured iterations predicted the same way were within this "
-                     "(trained: a board of the op models' data; outside: a GPU they never saw, "
-                     "left out of their training; tensor cores: published AMP/TF32 runs); README, "
-                     "'How accurate'")
+                     "(trained: fp32 on a board of the op models' data; unseen: fp32 on any other "
+                     "board, measured on GPUs left out of training; tensor cores: published "
+                     "AMP/TF32 runs); README, 'How accurate'")
 
 
 def fmt(value) -> str:
