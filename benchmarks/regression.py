@@ -15,7 +15,13 @@ functions with their defaults (seed 0, 60 epochs):
   the measured iterations predicted with op models trained without that GPU
   (``benchmarks.e2e --logo``), per GPU and mode and over all labels;
 - ``e2e.in-dist.<mode>`` and ``e2e.in-dist.all``: the same with the shipped
-  weights (``benchmarks.e2e``), per mode over all GPUs and overall.
+  weights (``benchmarks.e2e``), per mode over all GPUs and overall;
+- ``e2e.in-dist.p90`` and ``e2e.logo.p90``: the 90th percentile of |error|
+  over all labels of each run, the figures the predictions quote as their
+  ``trained`` and ``unseen`` bands (``predictor.expected_error``). Beside the
+  comparison, a quoted band below the run's figure by more than the
+  tolerance fails too: a prediction must not promise more than is measured
+  (rewrite the bands with ``python -m benchmarks.expected_error``).
 
 They live in ``benchmarks/figures/shipped.json``. Without ``--update`` a fresh
 run is compared with it: a figure worse than shipped by more than
@@ -205,6 +211,31 @@ def e2e_figures(summary, setting: str) -> dict[str, float]:
     return out
 
 
+def band_figure(results, setting: str) -> dict[str, float]:
+    """The 90th percentile of |error| % over all labels of an
+    ``e2e.results_frame`` (``benchmarks.expected_error.p90``)."""
+    from benchmarks.expected_error import p90
+
+    return {f"e2e.{setting}.p90": p90(results["err_pct"])}
+
+
+# The quoted band (predictor.expected_error) each run's p90 checks.
+QUOTED_BANDS = {"e2e.in-dist.p90": "trained", "e2e.logo.p90": "unseen"}
+
+
+def quoted_band_problems(now: dict[str, float], quoted: dict[str, float],
+                         tolerance: float = TOLERANCE) -> list[str]:
+    """One line per band the predictions quote that is narrower than this
+    run measures by more than `tolerance` points."""
+    out = []
+    for name, standing in QUOTED_BANDS.items():
+        if name in now and standing in quoted and quoted[standing] < now[name] - tolerance:
+            out.append(f"the {standing!r} band quoted with predictions ({quoted[standing]:g} %) "
+                       f"is below {name} measured now ({now[name]:g} %); rewrite it with "
+                       "python -m benchmarks.expected_error")
+    return out
+
+
 def _summary_text(E, summary) -> str:
     """The end-to-end harness's per-GPU table, as it prints it."""
     buf = io.StringIO()
@@ -230,15 +261,18 @@ def compute(data: Path, log=print) -> dict[str, float]:
     t0 = time.perf_counter()
     labels = E.discover(data)
     log(f"end-to-end, shipped weights: {len(labels)} labels")
-    shipped = E.summary_frame(E.results_frame(E.evaluate(data, labels, log=log)))
+    results = E.results_frame(E.evaluate(data, labels, log=log))
+    shipped = E.summary_frame(results)
     log(_summary_text(E, shipped))
     figures.update(e2e_figures(shipped, "in-dist"))
+    figures.update(band_figure(results, "in-dist"))
     log("end-to-end, leave-one-GPU-out")
     weights_for = E.logo_weights(data, labels, log, train_fn=train_fn)
-    logo = E.summary_frame(E.results_frame(E.evaluate(data, labels, log=log,
-                                                      weights_for=weights_for)))
+    results = E.results_frame(E.evaluate(data, labels, log=log, weights_for=weights_for))
+    logo = E.summary_frame(results)
     log(_summary_text(E, logo))
     figures.update(e2e_figures(logo, "logo"))
+    figures.update(band_figure(results, "logo"))
     log(f"end-to-end: {time.perf_counter() - t0:.0f} s")
     return {k: round(v, 2) for k, v in figures.items() if math.isfinite(v)}
 
@@ -291,8 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     print()
     print(verdict(rows, args.tolerance))
+    from predictor import expected_error
+
+    bands = quoted_band_problems(now, expected_error.shipped(), args.tolerance)
+    for line in bands:
+        print(f"FAILED: {line}")
     log(f"done in {time.perf_counter() - start:.0f} s")
-    return 1 if any(r.failed for r in rows) else 0
+    return 1 if bands or any(r.failed for r in rows) else 0
 
 
 if __name__ == "__main__":

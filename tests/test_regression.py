@@ -230,3 +230,27 @@ def test_a_group_is_fitted_once_for_sample_sets_that_share_its_rows(monkeypatch)
     assert [g for g, _ in fitted].count(G_CONV) == 2
     T.train(D.OpSamples.concat([elem, conv_a]), chips=False)  # no cache: fitted again
     assert [g for g, _ in fitted].count(G_ELEMENTWISE) == 2
+
+
+def test_the_band_figure_is_the_90th_percentile_of_every_label():
+    df = pd.DataFrame({"err_pct": [float(x) for x in range(-10, 0)]})
+    assert R.band_figure(df, "logo") == pytest.approx({"e2e.logo.p90": 9.1})
+
+
+def test_a_quoted_band_narrower_than_measured_fails():
+    now = {"e2e.in-dist.p90": 9.9, "e2e.logo.p90": 25.0}
+    problems = R.quoted_band_problems(now, {"trained": 9.9, "unseen": 20.2}, tolerance=2.0)
+    assert len(problems) == 1 and "'unseen'" in problems[0] and "25" in problems[0]
+    # Wider than measured (the models got better) is not a problem, nor a band not quoted.
+    assert R.quoted_band_problems({"e2e.logo.p90": 15.0}, {"unseen": 20.2}) == []
+    assert R.quoted_band_problems(now, {}) == []
+
+
+def test_the_shipped_bands_are_the_shipped_figures():
+    from predictor import expected_error
+
+    quoted = expected_error.shipped()
+    figures = R.load_figures(R.SHIPPED)
+    for name, standing in R.QUOTED_BANDS.items():
+        if standing in quoted and name in figures:
+            assert quoted[standing] == pytest.approx(figures[name], abs=0.05)
