@@ -103,3 +103,11 @@ def test_tables_and_json_quote_the_band(capsys):
     assert rows["H100-SXM5-80GB"]["error_p90_pct"] == expected_error.shipped()["unseen"]
     assert cli.main(["sweep", "gpt2", "-b", "1,2", "--seq-len", "32", "--gpus", "T4,H100"]) == 0
     assert "±err" in capsys.readouterr().out
+
+
+def test_the_gpu_list_quotes_the_fp32_band(capsys):
+    assert cli.main(["gpus", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    figures = expected_error.shipped()
+    assert rows["H100-SXM5-80GB"]["fp32_error_p90_pct"] == figures.get("unseen")
+    assert rows["T4"]["fp32_error_p90_pct"] == figures.get("trained")
