@@ -13,6 +13,7 @@ import numpy as np
 
 from predictor.io import atomic_writer, plain_text_figures
 from predictor.errors import InvalidArgumentError, MissingExtraError
+from predictor.text import plain_log_ticks
 
 _FORMATS = ("png", "svg", "pdf")
 
@@ -52,6 +53,10 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
     order = np.argsort(-np.where(fits.any(axis=1), best_thr.max(axis=1), thr.max(axis=1) * 1e-9),
                        kind="stable")
     n = len(order)
+    # Each GPU's quoted error band (predictor.expected_error), shaded around its
+    # time line where few enough GPUs leave the shading readable.
+    p90 = list(getattr(result, "error_p90_pct", []))
+    bands = len(p90) == n and n <= BANDED_GPUS and any(v is not None for v in p90)
 
     fig = Figure(figsize=(13, 5.2 + 0.06 * max(n - 12, 0)), layout="constrained")
     FigureCanvasAgg(fig)
@@ -70,6 +75,11 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
             ax_s.plot(batches, thr[g], **faded)
         shown = np.where(ok, 1.0, np.nan)
         ax_t.plot(batches, iter_ms[g] * shown, label=label, **style)
+        if bands and p90[g] is not None and len(batches) > 1:
+            e = p90[g] / 100.0
+            ax_t.fill_between(batches, iter_ms[g] * shown * (1 - e),
+                              iter_ms[g] * shown * (1 + e), color=colours[rank], alpha=0.10,
+                              linewidth=0)
         ax_s.plot(batches, thr[g] * shown, **style)
         if ok.any():
             best = int(np.argmax(best_thr[g]))
@@ -79,6 +89,7 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
     for ax, label in ((ax_t, "iteration time (ms)"), (ax_s, "throughput (samples/s)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        plain_log_ticks(ax)  # then the batch axis's own powers of two
         ax.xaxis.set_major_formatter(pow2)
         ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
         ax.set_xlabel("batch size")
@@ -90,14 +101,20 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
     ax_t.set_title("time per training iteration" if result.mode == "train"
                    else "time per forward pass", fontsize=11)
     ax_s.set_title("samples per second (ring: best batch)", fontsize=11)
-    if not fits.all():
-        fig.text(0.995, 0.01, "faded: predicted not to fit\nin the GPU's memory", fontsize=9,
-                 color="0.35", ha="right", va="bottom")
+    notes = (["shaded: ±err, the 90th percentile of |error| measured for predictions made "
+              "the same way"] if bands and len(batches) > 1 else []) \
+        + (["faded: predicted not to fit in the GPU's memory"] if not fits.all() else [])
+    if notes:  # below both panels, where the constrained layout keeps room for it
+        fig.supxlabel(" · ".join(notes), fontsize=9, color="0.35")
     fig.suptitle(title or f"{result.model} · {result.mode} · predicted", fontsize=13)
     fig.legend(*ax_t.get_legend_handles_labels(), loc="outside right upper",
                ncols=1 if n <= 18 else 2, fontsize=9, title="GPU (fastest first)",
                title_fontsize=9, frameon=False)
     return _save_atomically(fig, path, fmt)
+
+
+# Above this many GPUs a sweep plot draws no error bands (they would cover each other).
+BANDED_GPUS = 8
 
 
 def _colours(n: int) -> list:

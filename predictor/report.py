@@ -27,6 +27,7 @@ import numpy as np
 
 from predictor.errors import MissingExtraError
 from predictor.io import atomic_write_text, plain_text_figures
+from predictor.text import plain_log_ticks
 
 MAX_GPUS_PLOTTED = 10
 TABLE_ROWS = 25
@@ -55,20 +56,6 @@ def _figure(title: str, xlabel: str, ylabel: str, *, logx=True, logy=True, width
         ax.set_yscale("log")
     ax.grid(True, which="major", alpha=0.3)
     return fig, ax
-
-
-def _plain_ticks(ax) -> None:
-    """Log axes labelled with plain numbers (1, 2, 4, 0.5), no minor labels."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    from matplotlib.ticker import LogLocator
-
-    for axis in (ax.xaxis, ax.yaxis):
-        if axis.get_scale() == "log":
-            if axis is ax.yaxis or axis.get_transform().base == 10:
-                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(NullFormatter())
 
 
 def _legend_below(ax, ncol: int = 3, title: str | None = None) -> None:
@@ -107,7 +94,7 @@ def _per_gpu_plot(result, gpus, column: str, title: str, ylabel: str) -> str:
         ax.plot(x, y, "-", color=color, lw=1.4, alpha=0.9, label=gpu)
         ax.plot(x[ok], y[ok], "o", color=color, ms=4)
         ax.plot(x[~ok], y[~ok], "x", color=color, ms=5, alpha=0.8)
-    _plain_ticks(ax)
+    plain_log_ticks(ax)
     _legend_below(ax, 4, title="o fits in memory (and meets the constraints), x does not")
     return _png(fig)
 
@@ -133,7 +120,7 @@ def _memory_plot(result, max_lines: int = 8) -> str:
         names = caps[level]
         label = ", ".join(names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
         ax.axhline(level, color=color, ls="--", lw=1.1, label=f"{level:g} GiB: {label}")
-    _plain_ticks(ax)
+    plain_log_ticks(ax)
     _legend_below(ax, 2)
     return _png(fig)
 
@@ -158,7 +145,7 @@ def _pareto_plot(result) -> str:
         for i, row in enumerate(front.head(12).itertuples()):
             ax.annotate(f"{row.gpu} b{row.batch_size}", (fx[i], fy[i]), fontsize=7,
                         xytext=(5, 6 if i % 2 == 0 else -11), textcoords="offset points")
-    _plain_ticks(ax)
+    plain_log_ticks(ax)
     _legend_below(ax, 2)
     return _png(fig)
 

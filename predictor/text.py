@@ -47,6 +47,20 @@ def plain_text_figures() -> Iterator[None]:
         yield
 
 
+def plain_log_ticks(ax) -> None:
+    """An axes' log axes labelled with plain numbers (1, 2, 5, 10, 0.5), no
+    minor labels: matplotlib's own log labels are mathtext, which
+    `plain_text_figures` would draw as raw '$\\mathdefault{10^{3}}$'."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            if axis is ax.yaxis or axis.get_transform().base == 10:
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+
+
 def flops_text(flops: float, per: str = "iter") -> str:
     """FLOPs with a unit that keeps three significant figures: '4.11 GFLOP/iter',
     '12.3 TFLOP/iter', never '0.00 TFLOP/iter' for a small model."""

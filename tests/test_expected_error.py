@@ -111,3 +111,22 @@ def test_the_gpu_list_quotes_the_fp32_band(capsys):
     figures = expected_error.shipped()
     assert rows["H100-SXM5-80GB"]["fp32_error_p90_pct"] == figures.get("unseen")
     assert rows["T4"]["fp32_error_p90_pct"] == figures.get("trained")
+
+
+def test_a_sweep_plot_shades_the_bands_and_labels_its_log_axes_plainly(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from predictor import plots
+
+    figures = []
+    save = plots._save_atomically
+    monkeypatch.setattr(plots, "_save_atomically",
+                        lambda fig, path, fmt: (figures.append(fig), save(fig, path, fmt))[1])
+    g = predictor.trace("gpt2", batch_size=1, seq_len=32)
+    res = predictor.sweep(g, gpus=["T4", "H100-SXM5-80GB"], batch_sizes=[1, 2, 4])
+    assert plots.plot_sweep(res, tmp_path / "s.png").stat().st_size > 0
+    (fig,) = figures
+    ax_t = fig.axes[0]
+    assert len(ax_t.collections) == (2 if expected_error.shipped() else 0)  # one band a GPU
+    fig.canvas.draw()
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels() + ax.get_xticklabels()]
+    assert labels and not any("$" in t for t in labels)
