@@ -365,8 +365,7 @@ def search(graph, *, objective: str = "time", gpus: str | Iterable[str] | None =
         "iteration_ms": it,
         # The 90th percentile of |error| measured for single-GPU predictions
         # of this GPU's standing (predictor.expected_error; NaN: none).
-        "error_p90_pct": np.array([np.nan if v is None else v
-                                   for v in res.error_p90_pct], dtype=np.float64)[gi],
+        "error_p90_pct": res.error_p90[gi],
         "compute_ms": compute_ms.ravel(),
         "comm_ms": comm_ms.ravel(),
         "samples_per_s": thr,

@@ -55,8 +55,8 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
     n = len(order)
     # Each GPU's quoted error band (predictor.expected_error), shaded around its
     # time line where few enough GPUs leave the shading readable.
-    p90 = list(getattr(result, "error_p90_pct", []))
-    bands = len(p90) == n and n <= BANDED_GPUS and any(v is not None for v in p90)
+    p90 = np.asarray(getattr(result, "error_p90", np.full(n, np.nan)))
+    bands = n <= BANDED_GPUS and bool(np.isfinite(p90).any())
 
     fig = Figure(figsize=(13, 5.2 + 0.06 * max(n - 12, 0)), layout="constrained")
     FigureCanvasAgg(fig)
@@ -75,7 +75,7 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
             ax_s.plot(batches, thr[g], **faded)
         shown = np.where(ok, 1.0, np.nan)
         ax_t.plot(batches, iter_ms[g] * shown, label=label, **style)
-        if bands and p90[g] is not None and len(batches) > 1:
+        if bands and np.isfinite(p90[g]) and len(batches) > 1:
             e = p90[g] / 100.0
             ax_t.fill_between(batches, iter_ms[g] * shown * (1 - e),
                               iter_ms[g] * shown * (1 + e), color=colours[rank], alpha=0.10,

@@ -260,13 +260,22 @@ class SweepResult:
             **self._per_gpu_columns(g),
         })
 
+    @property
+    def error_p90(self) -> np.ndarray:
+        """`error_p90_pct` per GPU as an array (NaN where none was measured, or
+        for a result built without it)."""
+        if len(self.error_p90_pct) != len(self.gpus):
+            return np.full(len(self.gpus), np.nan)
+        return np.array([np.nan if v is None else v for v in self.error_p90_pct],
+                        dtype=np.float64)
+
     def _per_gpu_columns(self, g: np.ndarray) -> dict:
         """The standing and expected-error columns of rows of GPU index `g`
         (none for a result built without them)."""
         if len(self.standing) != len(self.gpus):
             return {}
-        p90 = np.array([np.nan if v is None else v for v in self.error_p90_pct], dtype=np.float64)
-        return {"standing": np.asarray(self.standing, dtype=object)[g], "error_p90_pct": p90[g]}
+        return {"standing": np.asarray(self.standing, dtype=object)[g],
+                "error_p90_pct": self.error_p90[g]}
 
     def best(self, objective: str = "throughput", *, fitting: bool = True):
         """Best batch size per GPU by `objective` ('throughput': most samples/s,
