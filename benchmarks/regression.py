@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.expected_error import p90
+from predictor import expected_error
 from predictor.errors import FileFormatError, PredictorError
 
 SHIPPED = Path(__file__).resolve().parent / "figures" / "shipped.json"
@@ -214,8 +216,6 @@ def e2e_figures(summary, setting: str) -> dict[str, float]:
 def band_figure(results, setting: str) -> dict[str, float]:
     """The 90th percentile of |error| % over all labels of an
     ``e2e.results_frame`` (``benchmarks.expected_error.p90``)."""
-    from benchmarks.expected_error import p90
-
     return {f"e2e.{setting}.p90": p90(results["err_pct"])}
 
 
@@ -325,8 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     print()
     print(verdict(rows, args.tolerance))
-    from predictor import expected_error
-
     bands = quoted_band_problems(now, expected_error.shipped(), args.tolerance)
     for line in bands:
         print(f"FAILED: {line}")

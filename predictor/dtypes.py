@@ -69,6 +69,15 @@ def of_torch(dtype) -> int:
     return code
 
 
+def mostly(graph, codes) -> bool:
+    """Whether more than half of a traced step's rows (``graph.ops.dtype``)
+    have one of the dtype `codes` (False for a graph without rows)."""
+    import numpy as np
+
+    rows = np.asarray(getattr(getattr(graph, "ops", None), "dtype", ()))
+    return rows.size > 0 and float(np.isin(rows, codes).mean()) > 0.5
+
+
 def name(code: int) -> str:
     """The dtype's name (``torch.<name>`` for the floating ones but fp8)."""
     return L.DTYPE_NAMES[code]

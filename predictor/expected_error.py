@@ -33,7 +33,9 @@ import json
 import math
 from importlib import resources
 
+from predictor import dtypes, opmodel
 from predictor.errors import WeightsError
+from predictor.kernels import layout as L
 
 FILE = "expected_error.json"
 FORMAT = 1
@@ -75,8 +77,6 @@ def standing(gpu_id: str, *, tensor_cores: bool = False, calibrated: bool = Fals
         return "calibrated"
     if tensor_cores:
         return "tensor cores"
-    from predictor import opmodel
-
     trained = opmodel.shipped()[1].get("gpus", [])
     return "trained" if gpu_id in trained else "unseen"
 
@@ -91,15 +91,9 @@ def uses_tensor_cores(graph, dtype=None, tf32_matmul: bool | None = None) -> boo
     """Whether a prediction's GEMMs run on tensor cores as the published
     figures' do: traced under autocast or in half precision, recast to it
     (`dtype`), or with TF32 matmuls asked for."""
-    import numpy as np
-
-    from predictor import dtypes
-    from predictor.kernels import layout as L
-
     if getattr(graph, "amp", None) is not None or bool(tf32_matmul):
         return True
     code = dtypes.parse(dtype)
     if code is not None:
         return code in (L.F16, L.BF16)
-    rows = np.asarray(getattr(getattr(graph, "ops", None), "dtype", ()))
-    return rows.size > 0 and float(np.isin(rows, (L.F16, L.BF16)).mean()) > 0.5
+    return dtypes.mostly(graph, (L.F16, L.BF16))

@@ -131,11 +131,12 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     for whose chip the op models were not trained on, ops of shapes no
     measured kernel covers (``opmodel.unmeasured_shape_notes``), and bf16
     asked of GPUs without bf16 tensor cores."""
-    from predictor import opmodel
+    from predictor import dtypes, opmodel
+    from predictor.kernels import layout as L
 
     out = list(getattr(graph, "notes", None) or [])
     bf16 = dtype == "bfloat16" or dtype is None and (
-        getattr(graph, "amp", None) == "bf16" or _traced_in_bf16(graph))
+        getattr(graph, "amp", None) == "bf16" or dtypes.mostly(graph, (L.BF16,)))
     outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])
     if outside:
         trained = ", ".join(opmodel.shipped()[1].get("gpus", []))
@@ -150,17 +151,6 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
                    "convolutions are predicted at the fp32 rate there, other ops at "
                    "bfloat16's halved memory traffic")
     return out
-
-
-def _traced_in_bf16(graph) -> bool:
-    """Whether most of the traced step's rows are bfloat16."""
-    import numpy as np
-
-    from predictor.kernels import layout as L
-
-    dtypes = getattr(getattr(graph, "ops", None), "dtype", None)
-    return dtypes is not None and len(dtypes) > 0 and \
-        float(np.mean(np.asarray(dtypes) == L.BF16)) > 0.5
 
 
 def print_notes_stderr(lines: Sequence[str]) -> None:

@@ -195,7 +195,7 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
              + (f" ({basis} prices)" if result.objective == "cost" else "")
              + f" · {result.run.describe()}" + (f" · {n} GPUs per node (DDP)" if n > 1 else ""))
     table = Table(title=title, title_justify="left")
-    errors = bool(df["error_p90_pct"].notna().any()) if "error_p90_pct" in df else False
+    errors = "error_p90_pct" in df and bool(df["error_p90_pct"].notna().any())
     cols = [("#", "rank"), ("GPU", "gpu"), ("batch/GPU", "batch_size"),
             ("iter ms", "iteration_ms")] + ([("±err", "error_p90_pct")] if errors else []) + [
             ("samples/s", "samples_per_s"),
