@@ -132,9 +132,9 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
         # A phase lasts as long as the GPU's kernels or the host's dispatch, whichever is longer.
         out, exposed = overhead.combine(out, overhead.host_ms(graph, ops))
     mem = _memory(graph, chosen, batches, code, max_memory_fraction)
-    tensor = expected_error.uses_tensor_cores(graph, dtype, tf32_matmul)
-    standing = [expected_error.standing(g.id, tensor_cores=tensor,
-                                        calibrated=calibration is not None) for g in chosen]
+    gemm = expected_error.gemm_dtype(graph, dtype, tf32_matmul)
+    standing = [expected_error.standing(g, gemm, params, calibrated=calibration is not None)
+                for g in chosen]
     return SweepResult(model=graph.name, gpus=[g.id for g in chosen], batch_sizes=batches,
                        phase_ms=out, mode=graph.mode, prices=[g.price_per_hour for g in chosen],
                        overhead_phase_ms=exposed, memory_bytes=mem,

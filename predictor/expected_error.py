@@ -18,8 +18,15 @@ standing showed against measured iterations:
 - ``tensor cores``: half precision (``amp=``, ``dtype=float16|bfloat16``) or
   TF32 matmuls; published training throughput of ResNet-50 and BERT-large on
   eleven GPUs (the data holds no measured half-precision kernel).
+- ``emulated``: half precision on a GPU without tensor cores for it (bf16
+  on a V100 or T4, fp16 on a P100 or P4); nothing of the kind was measured:
+  no figure. TF32 asked of a GPU without TF32 tensor cores runs plain fp32
+  and takes the fp32 standing.
 - ``calibrated``: measured op times scaled to the GPU; no figure (its error
   is the calibration's: ``benchmarks/README.md``, "Calibrated mode").
+
+Whether a GPU runs the step's GEMMs on tensor cores is the pricing's own
+rule (``kernels.precision.tensor_core_peak``).
 
 The figures ship in ``weights/expected_error.json``, written by
 ``python -m benchmarks.expected_error`` from those harnesses' per-label
@@ -36,10 +43,11 @@ from importlib import resources
 from predictor import dtypes, opmodel
 from predictor.errors import WeightsError
 from predictor.kernels import layout as L
+from predictor.kernels.precision import tensor_core_peak
 
 FILE = "expected_error.json"
 FORMAT = 1
-STANDINGS = ("trained", "unseen", "tensor cores", "calibrated")
+STANDINGS = ("trained", "unseen", "tensor cores", "emulated", "calibrated")
 
 
 def read(path) -> dict[str, float]:
@@ -71,14 +79,19 @@ def shipped() -> dict[str, float]:
         return read(path)
 
 
-def standing(gpu_id: str, *, tensor_cores: bool = False, calibrated: bool = False) -> str:
-    """Where a prediction on `gpu_id` stands against the data (module docstring)."""
+def standing(gpu, gemm_dtype: int | None = None, params=None, *,
+             calibrated: bool = False) -> str:
+    """Where a prediction on `gpu` (a ``hardware.GPU``) stands against the
+    data (module docstring), for a step whose GEMMs are asked to run in
+    `gemm_dtype` (``gemm_dtype()``; None: fp32) under the pricing's `params`."""
     if calibrated:
         return "calibrated"
-    if tensor_cores:
-        return "tensor cores"
-    trained = opmodel.shipped()[1].get("gpus", [])
-    return "trained" if gpu_id in trained else "unseen"
+    if gemm_dtype is not None:
+        if tensor_core_peak(L.MATMUL, gemm_dtype, gpu.features, params) > 0.0:
+            return "tensor cores"
+        if gemm_dtype != L.F32:
+            return "emulated"
+    return "trained" if gpu.id in opmodel.shipped()[1].get("gpus", []) else "unseen"
 
 
 def p90_pct(kind: str) -> float | None:
@@ -87,13 +100,16 @@ def p90_pct(kind: str) -> float | None:
     return shipped().get(kind)
 
 
-def uses_tensor_cores(graph, dtype=None, tf32_matmul: bool | None = None) -> bool:
-    """Whether a prediction's GEMMs run on tensor cores as the published
-    figures' do: traced under autocast or in half precision, recast to it
-    (`dtype`), or with TF32 matmuls asked for."""
-    if getattr(graph, "amp", None) is not None or bool(tf32_matmul):
-        return True
+def gemm_dtype(graph, dtype=None, tf32_matmul: bool | None = None) -> int | None:
+    """The dtype a prediction asks the step's GEMMs to run in where it is not
+    plain fp32: autocast's half dtype, `dtype` or the traced one when half
+    precision, fp32 with TF32 matmuls asked for; None for plain fp32."""
+    amp = getattr(graph, "amp", None)
+    if amp is not None:
+        return L.BF16 if amp == "bf16" else L.F16
     code = dtypes.parse(dtype)
-    if code is not None:
-        return code in (L.F16, L.BF16)
-    return dtypes.mostly(graph, (L.F16, L.BF16))
+    if code is None and dtypes.mostly(graph, (L.F16, L.BF16)):
+        code = L.BF16 if dtypes.mostly(graph, (L.BF16,)) else L.F16
+    if code in (L.F16, L.BF16):
+        return code
+    return L.F32 if tf32_matmul else None

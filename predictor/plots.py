@@ -54,9 +54,9 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
                        kind="stable")
     n = len(order)
     # Each GPU's quoted error band (predictor.expected_error), shaded around its
-    # time line where few enough GPUs leave the shading readable.
+    # time line where there is a line and few enough GPUs leave it readable.
     p90 = np.asarray(getattr(result, "error_p90", np.full(n, np.nan)))
-    bands = n <= BANDED_GPUS and bool(np.isfinite(p90).any())
+    bands = n <= BANDED_GPUS and len(batches) > 1 and bool(np.isfinite(p90).any())
 
     fig = Figure(figsize=(13, 5.2 + 0.06 * max(n - 12, 0)), layout="constrained")
     FigureCanvasAgg(fig)
@@ -75,7 +75,7 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
             ax_s.plot(batches, thr[g], **faded)
         shown = np.where(ok, 1.0, np.nan)
         ax_t.plot(batches, iter_ms[g] * shown, label=label, **style)
-        if bands and np.isfinite(p90[g]) and len(batches) > 1:
+        if bands and np.isfinite(p90[g]):
             e = p90[g] / 100.0
             ax_t.fill_between(batches, iter_ms[g] * shown * (1 - e),
                               iter_ms[g] * shown * (1 + e), color=colours[rank], alpha=0.10,
@@ -102,7 +102,7 @@ def _plot_sweep(result, path: Path, title, FigureCanvasAgg, Figure, FuncFormatte
                    else "time per forward pass", fontsize=11)
     ax_s.set_title("samples per second (ring: best batch)", fontsize=11)
     notes = (["shaded: ±err, the 90th percentile of |error| measured for predictions made "
-              "the same way"] if bands and len(batches) > 1 else []) \
+              "the same way"] if bands else []) \
         + (["faded: predicted not to fit in the GPU's memory"] if not fits.all() else [])
     if notes:  # below both panels, where the constrained layout keeps room for it
         fig.supxlabel(" · ".join(notes), fontsize=9, color="0.35")

@@ -168,7 +168,8 @@ def _fmt(v, digits=3) -> str:
 _COLUMNS = [
     ("rank", "#"), ("gpu", "GPU"), ("gpus", "GPUs"), ("batch_size", "batch/GPU"),
     ("iteration_ms", "iter ms"), ("error_p90_pct", "±err %"), ("samples_per_s", "samples/s"),
-    ("usd_per_hour", "$/h"), ("usd_per_1m_samples", "$/1M samples"), ("run_hours", "run h"), ("run_cost_usd", "run $"),
+    ("usd_per_hour", "$/h"), ("usd_per_1m_samples", "$/1M samples"), ("run_hours", "run h"),
+    ("run_cost_usd", "run $"),
     ("scaling_efficiency", "scaling eff."), ("memory_gb", "memory GiB"),
     ("memory_limit_gb", "limit GiB"), ("fits", "fits"), ("feasible", "constraints met"),
 ]

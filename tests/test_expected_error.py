@@ -39,29 +39,44 @@ def test_a_damaged_file_is_an_error_naming_it(tmp_path, content):
         expected_error.read(path)
 
 
-def test_standing_follows_the_data_precision_and_calibration():
+def test_standing_follows_the_data_the_tensor_cores_and_calibration():
+    from predictor import engine, hardware
+    from predictor.kernels import layout as L
+
+    fp32, tf32 = engine.model_params(), engine.model_params(tf32_matmul=True)
+    t4, v100, a100 = (hardware.get(g) for g in ("T4", "V100-PCIE-32GB", "A100-SXM4-80GB"))
     trained = opmodel.shipped()[1].get("gpus", [])
     if trained:
-        assert expected_error.standing(trained[0]) == "trained"
-    assert expected_error.standing("H100-SXM5-80GB") == "unseen"
-    assert expected_error.standing("T4", tensor_cores=True) == "tensor cores"
-    assert expected_error.standing("T4", tensor_cores=True, calibrated=True) == "calibrated"
+        assert expected_error.standing(hardware.get(trained[0])) == "trained"
+    assert expected_error.standing(hardware.get("H100-SXM5-80GB")) == "unseen"
+    assert expected_error.standing(t4, L.F16, fp32) == "tensor cores"
+    # bf16 on a T4 runs emulated at the fp32 rate: nothing of the kind was measured.
+    assert expected_error.standing(t4, L.BF16, fp32) == "emulated"
+    # TF32 asked of a Volta board: plain fp32 GEMMs, the fp32 standing.
+    assert expected_error.standing(v100, L.F32, tf32) == ("trained" if trained else "unseen")
+    assert expected_error.standing(a100, L.F32, tf32) == "tensor cores"
+    assert expected_error.standing(t4, L.F16, fp32, calibrated=True) == "calibrated"
 
 
-def test_tensor_cores_are_half_precision_or_tf32():
+def test_the_gemm_dtype_is_half_precision_or_tf32():
+    from predictor.kernels import layout as L
+
     g = predictor.trace("gpt2", batch_size=1, seq_len=32)
-    assert not expected_error.uses_tensor_cores(g)
-    assert expected_error.uses_tensor_cores(g, dtype="bf16")
-    assert not expected_error.uses_tensor_cores(g, dtype="float32")
-    assert expected_error.uses_tensor_cores(g, tf32_matmul=True)
+    assert expected_error.gemm_dtype(g) is None
+    assert expected_error.gemm_dtype(g, dtype="bf16") == L.BF16
+    assert expected_error.gemm_dtype(g, dtype="float32") is None
+    assert expected_error.gemm_dtype(g, tf32_matmul=True) == L.F32
     amp = predictor.trace("gpt2", batch_size=1, seq_len=32, amp="bf16")
-    assert expected_error.uses_tensor_cores(amp)
+    assert expected_error.gemm_dtype(amp) == L.BF16
+    assert expected_error.gemm_dtype(amp, tf32_matmul=True) == L.BF16
 
 
 def test_every_prediction_carries_its_standing_and_band():
     g = predictor.trace("gpt2", batch_size=1, seq_len=32)
     df = predictor.sweep(g, gpus=["T4", "H100-SXM5-80GB"], batch_sizes=[1, 2]).to_pandas()
     assert list(df["standing"]) == ["trained"] * 2 + ["unseen"] * 2
+    amp = predictor.sweep(g, gpus=["T4", "H100-SXM5-80GB"], dtype="bf16").to_pandas()
+    assert list(amp["standing"]) == ["emulated", "tensor cores"]
     figures = expected_error.shipped()
     for row in df.itertuples():
         want = figures.get(row.standing)

@@ -192,7 +192,8 @@ def error_cell(p90) -> str:
 ERROR_COLUMN_NOTE = ("±err: 90 % of measured iterations predicted the same way were within this "
                      "(trained: fp32 on a board of the op models' data; unseen: fp32 on any other "
                      "board, measured on GPUs left out of training; tensor cores: published "
-                     "AMP/TF32 runs); README, 'How accurate'")
+                     "AMP/TF32 runs; -: nothing of the kind measured, as a calibrated prediction "
+                     "or half precision without tensor cores for it); README, 'How accurate'")
 
 
 def fmt(value) -> str:

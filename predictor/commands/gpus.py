@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     outside = set(opmodel.outside_training_data(list(hardware.database())))
     df["chip_in_training_data"] = [gid not in outside for gid in df["id"]]
     # The band an fp32 prediction on the GPU quotes (predictor.expected_error).
-    df["fp32_error_p90_pct"] = [expected_error.p90_pct(expected_error.standing(gid))
-                                for gid in df["id"]]
+    df["fp32_error_p90_pct"] = [
+        expected_error.p90_pct(expected_error.standing(hardware.get(gid))) for gid in df["id"]]
     if args.json:
         print(df.to_json(orient="records", indent=2))
         return 0

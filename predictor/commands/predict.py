@@ -6,10 +6,9 @@ import argparse
 import json
 
 from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
-                                       add_format_arguments,
-                                       add_precision_arguments, add_spec_argument,
-                                       add_step_arguments, batch_size_arg, console,
-                                       error_cell, json_records, load_specs, notes,
+                                       add_format_arguments, add_precision_arguments,
+                                       add_spec_argument, add_step_arguments, batch_size_arg,
+                                       console, error_cell, json_records, load_specs, notes,
                                        positive_int, print_notes_stderr, targets,
                                        trace_from_args)
 
