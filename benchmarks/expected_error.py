@@ -66,9 +66,22 @@ def from_e2e(path: Path) -> tuple[list[str], np.ndarray]:
 
 
 def from_published() -> tuple[list[str], np.ndarray]:
+    """The published rows whose GEMMs the predictor runs on tensor cores
+    (AMP, or TF32 where the GPU has TF32 tensor cores), as a prediction's
+    standing is decided."""
     from benchmarks import amp_published
+    from predictor import engine, hardware
+    from predictor.kernels import layout as L
 
-    rows = [r for r in amp_published.run() if r["precision"] in ("amp", "tf32")]
+    rows = []
+    for r in amp_published.run():
+        if r["precision"] not in ("amp", "tf32"):
+            continue
+        tf32 = r["precision"] == "tf32"
+        kind = expected_error.standing(hardware.get(r["gpu"]), L.F32 if tf32 else L.F16,
+                                       engine.model_params(tf32_matmul=tf32))
+        if kind == "tensor cores":
+            rows.append(r)
     return [r["gpu"] for r in rows], np.array([r["error_pct"] for r in rows])
 
 
