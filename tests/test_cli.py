@@ -44,6 +44,21 @@ def test_predict_table_and_csv(capsys):
     assert lines[0].startswith("model,gpu,batch_size,iteration_ms") and len(lines) == 2
 
 
+def test_titles_and_json_say_the_precision(capsys):
+    """A prediction says what precision it was made in: the table's title and
+    --json name autocast (and TF32 matmuls), not just the --dtype."""
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "A100-SXM4-80GB",
+                     "--amp", "bf16"]) == 0
+    assert "· amp bf16" in capsys.readouterr().out
+    assert cli.main(["sweep", "dcgan", "-b", "8,16", "--gpus", "A100-SXM4-80GB",
+                     "--tf32"]) == 0
+    assert "float32 + TF32 matmuls" in capsys.readouterr().out
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "A100-SXM4-80GB",
+                     "--amp", "fp16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["amp"] == "fp16" and out["tf32_matmul"] is False
+
+
 @pytest.mark.parametrize("args,needle", [
     (["predict", "no-such-model"], "unknown model"),
     (["predict", "resnet50", "--gpus", "H10"], "unknown GPU"),

@@ -83,6 +83,24 @@ def add_precision_arguments(p: argparse.ArgumentParser) -> None:
                    help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
 
 
+def precision_text(graph, dtype: str | None = None, tf32: bool = False) -> str:
+    """How the step's floating-point ops run, as the tables' titles say it:
+    "amp bf16" for a step traced under autocast, the --dtype asked for,
+    "float32" for a step traced mostly in it, else "dtype as traced"; "
+    + TF32 matmuls" with --tf32."""
+    from predictor import dtypes
+    from predictor.kernels import layout as L
+
+    amp = getattr(graph, "amp", None)
+    if amp:
+        text = f"amp {amp}"
+    elif dtype:
+        text = dtype
+    else:
+        text = "float32" if dtypes.mostly(graph, (L.F32,)) else "dtype as traced"
+    return text + (" + TF32 matmuls" if tf32 else "")
+
+
 def add_spec_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", action="append", default=[], metavar="FILE",
                    help="extra GPU spec file (TOML, same layout as the built-in one)")

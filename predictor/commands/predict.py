@@ -9,8 +9,8 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argume
                                        add_format_arguments, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, batch_size_arg,
                                        console, error_cell, json_records, load_specs, notes,
-                                       positive_int, print_notes_stderr, targets,
-                                       trace_from_args)
+                                       positive_int, precision_text, print_notes_stderr,
+                                       targets, trace_from_args)
 
 NAME = "predict"
 
@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,
             "mode": graph.mode, "optimizer": graph.optimizer, "dtype": args.dtype or "as traced",
+            "amp": getattr(graph, "amp", None), "tf32_matmul": bool(args.tf32),
             "parameters": graph.parameters, "flops_per_iteration": graph.flops(),
             "unsupported_ops": graph.unsupported, "notes": lines,
             "predictions": json_records(df.drop(columns="batch_size")),
@@ -119,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         print(df.to_csv(index=False), end="")
         print_notes_stderr(lines)
         return 0
-    print_table(graph, df, lines, res.max_memory_fraction)
+    print_table(graph, df, lines, res.max_memory_fraction,
+                precision_text(graph, args.dtype, args.tf32))
     if args.breakdown:
         if chosen is None:
             chosen = next(g for g in gpus if g.id == df["gpu"][0])  # the fastest
@@ -161,7 +163,8 @@ def memory_notes(res) -> list[str]:
             "try a smaller batch)"]
 
 
-def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
+def print_table(graph, df, lines=(), fraction: float = 0.9,
+                precision: str = "dtype as traced") -> None:
     from rich.table import Table
 
     from predictor.text import flops_text
@@ -169,7 +172,7 @@ def print_table(graph, df, lines=(), fraction: float = 0.9) -> None:
     flops = sum(graph.flops().values())
     title = (f"{graph.name} · {graph.mode} · batch {graph.batch_size}"
              + (f" · seq {graph.seq_len}" if graph.seq_len else "")
-             + f" · {graph.parameters / 1e6:,.1f} M params · {flops_text(flops)}")
+             + f" · {graph.parameters / 1e6:,.1f} M params · {flops_text(flops)} · {precision}")
     table = Table(title=title, title_justify="left")
     table.add_column("GPU", no_wrap=True)
     tokens = "tokens_per_s" in df  # the input has a sequence dim (graph.seq_len)
@@ -256,7 +259,7 @@ def run_layout(args, graph, gpus, par, ck) -> int:
 
     title = (f"{graph.name} · {par.gpus} GPUs · {par.describe()} · micro-batch "
              f"{graph.batch_size} · global batch {graph.batch_size * par.microbatches * par.dp}"
-             f" · checkpoint {ck or 'none'}")
+             f" · checkpoint {ck or 'none'} · {precision_text(graph, args.dtype, args.tf32)}")
     table = Table(title=title, title_justify="left")
     tokens = graph.seq_len is not None
     for label in ("GPU", "iter ms", "compute ms", "comm ms", "bubble ms", "opt ms",

@@ -13,7 +13,7 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, load_graph,
                                        load_specs, notes, parse_batch_sizes, positive_int,
-                                       print_notes_stderr)
+                                       precision_text, print_notes_stderr)
 
 NAME = "search"
 
@@ -178,11 +178,13 @@ def run(args: argparse.Namespace) -> int:
         print(df.to_csv(index=False), end="")
         print_notes_stderr(lines)
         return 0
-    print_table(graph, result, args.top, args.all, report, lines)
+    print_table(graph, result, args.top, args.all, report, lines,
+                precision_text(graph, args.dtype, args.tf32))
     return 0
 
 
-def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> None:
+def print_table(graph, result, top: int, show_all: bool, report, lines=(),
+                precision: str = "dtype as traced") -> None:
     from rich.table import Table
 
     from predictor.commands.common import fmt
@@ -191,7 +193,7 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=()) -> No
     shown = df.head(top)
     n = result.gpus_per_node
     basis = {"cloud": "cloud on-demand", "marketplace": "marketplace"}[result.price_basis]
-    title = (f"{graph.name} · {graph.mode} · objective {result.objective}"
+    title = (f"{graph.name} · {graph.mode} · {precision} · objective {result.objective}"
              + (f" ({basis} prices)" if result.objective == "cost" else "")
              + f" · {result.run.describe()}" + (f" · {n} GPUs per node (DDP)" if n > 1 else ""))
     table = Table(title=title, title_justify="left")
