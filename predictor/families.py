@@ -126,14 +126,26 @@ def memory_row(family: int, read: int, written: int, flops: int = 0,
     return (family, (read, written, flops, inner, outer), kernels)
 
 
+def narrowest_float(ts) -> torch.dtype | None:
+    """A row's dtype: the narrowest floating-point dtype among its tensors
+    (arguments, then outputs; the first of that width), None when none is
+    floating. The lowerings (``predictor.lowering``, the ONNX frontend) give
+    rows this dtype and `generic_memory` counts elements in it. The narrowest,
+    not the first argument's: a cast of an fp32 tensor of b elements to bf16
+    then counts 2b read and b written, whole numbers at every batch size,
+    where in fp32 units it wrote ceil(b / 2), not affine in the batch, and
+    under autocast a GAN's [batch] labels made the whole step untraceable at
+    other batch sizes."""
+    best = None
+    for t in ts:
+        if t.dtype.is_floating_point and (best is None or t.dtype.itemsize < best.itemsize):
+            best = t.dtype
+    return best
+
+
 def row_unit(args: tuple, out: Any) -> torch.dtype | None:
-    """The dtype a row's element counts are in: the one the lowering gives
-    the row (``predictor.lowering._row_dtype``: its first floating-point
-    argument, else its output's); None when no tensor is floating."""
-    for t in tensors(args) + tensors(out):
-        if t.dtype.is_floating_point:
-            return t.dtype
-    return None
+    """The dtype a row's element counts are in (`narrowest_float`)."""
+    return narrowest_float(tensors(args) + tensors(out))
 
 
 def elems_in(t: TensorMeta, unit: torch.dtype | None) -> int:

@@ -124,7 +124,9 @@ def _rows_at(op, node: torch.fx.Node, scaler: BatchScaler):
 
 
 def _row_dtype(node: torch.fx.Node) -> int:
-    """The compute dtype of an op: its first floating tensor argument or output."""
+    """The compute dtype of an op: the narrowest floating dtype of its tensor
+    arguments and outputs (``families.narrowest_float``), else the first
+    tensor's."""
     cands: list[torch.Tensor] = []
 
     def collect(x):
@@ -138,9 +140,9 @@ def _row_dtype(node: torch.fx.Node) -> int:
 
     collect(node.args)
     collect(node.meta.get("val"))
-    for t in cands:
-        if t.dtype.is_floating_point:
-            return dtypes.of_torch(t.dtype)
+    floating = families.narrowest_float(cands)
+    if floating is not None:
+        return dtypes.of_torch(floating)
     return dtypes.of_torch(cands[0].dtype) if cands else L.F32
 
 

@@ -63,7 +63,8 @@ def test_trace_follows_cuda_policy():
     assert {d for d, _, _ in _rows(g, L.OPTIMIZER)} == {L.F32}
     # Casts are kernels: each of the 6 matmul weights and biases cast once per step
     # (the weight-cast cache), plus activations and the gradients cast back.
-    fwd_casts = sum(c for d, p, c in _rows(g, L.COPY) if d == L.F32 and p == L.FORWARD)
+    # (A cast's row has the narrower dtype of the two, families.narrowest_float.)
+    fwd_casts = sum(c for d, p, c in _rows(g, L.COPY) if d == L.BF16 and p == L.FORWARD)
     assert fwd_casts >= 6
     assert not g.unsupported
 
@@ -207,7 +208,7 @@ def test_split_rule_fills_waves_as_cublas_launches_do(data_dir):
 def test_rows_mixing_float_widths_count_their_bytes():
     """Under autocast, casts and fp16 + fp32 adds meet two widths in one
     kernel. A row's element counts are in its own dtype (the lowering's
-    ``_row_dtype``: the first floating argument), so each tensor counts its
+    ``_row_dtype``: the narrowest floating one), so each tensor counts its
     bytes over that dtype's width: a cast of N fp32 elements to fp16 moves
     6N bytes (not 8N), an fp16 + fp32 add into fp32 moves 10N (not 6N)."""
     from predictor.families import TensorMeta, extract
@@ -216,7 +217,7 @@ def test_rows_mixing_float_widths_count_their_bytes():
     n = 4096
     f32, f16 = TensorMeta((8, n), torch.float32), TensorMeta((8, n), torch.float16)
     (fam, dims, _), = extract(aten._to_copy.default, (f32,), {"dtype": torch.float16}, f16)[0]
-    assert fam == L.COPY and dims[0] == 8 * n and dims[1] == 8 * n // 2  # fp32 units
+    assert fam == L.COPY and dims[0] == 2 * 8 * n and dims[1] == 8 * n  # fp16 units
     (fam, dims, _), = extract(aten._to_copy.default, (f16,), {"dtype": torch.float32}, f32)[0]
     assert dims[0] == 8 * n and dims[1] == 2 * 8 * n  # fp16 units
     (fam, dims, _), = extract(aten.add.Tensor, (f16, f32), {}, f32)[0]
@@ -455,3 +456,40 @@ def test_rounded_datasheet_peaks_still_mean_tensor_cores():
     assert precision.mode_of(L.CONV, L.F16, g, p) == precision.TENSOR_CORE
     # P100's packed fp16 (2x fp32, no bf16) is still not a tensor core.
     assert precision.tensor_core_peak(L.MATMUL, L.F16, _gpu("P100-PCIE-16GB"), p) == 0
+
+
+class _Scalar(torch.nn.Module):
+    """A head of one output per sample: under autocast its [batch] output
+    is cast between bf16 and fp32 (a GAN discriminator, a regression head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(x)).squeeze(-1)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_casts_of_per_sample_tensors_keep_the_step_batch_scalable(amp):
+    # A cast of b fp32 elements to 16 bits, counted in fp32 units, wrote
+    # ceil(b / 2): not affine in the batch, and the whole step lost its batch
+    # scaling (`sweep dcgan --amp bf16` failed). Counted in the narrowest
+    # dtype (families.narrowest_float) every count is whole.
+    g = predictor.trace(_Scalar(), (torch.zeros(8, 16),), amp=amp,
+                        loss_fn=lambda o: torch.nn.functional.mse_loss(o.float(),
+                                                                        torch.ones_like(o.float())))
+    assert g.batch_scalable
+    assert predictor.trace("dcgan", batch_size=8, amp=amp).batch_scalable
+    res = predictor.sweep(g, ["A100-SXM4-80GB"], [7, 8, 1024])
+    assert np.all(np.isfinite(res.iteration_ms)) and np.all(np.diff(res.iteration_ms[0]) >= 0)
+
+
+def test_a_rows_dtype_is_its_narrowest_floating_one():
+    from predictor.families import TensorMeta, narrowest_float
+
+    f32, b16 = TensorMeta((3,), torch.float32), TensorMeta((3,), torch.bfloat16)
+    idx = TensorMeta((3,), torch.int64)
+    assert narrowest_float([f32, b16]) == torch.bfloat16
+    assert narrowest_float([idx, f32]) == torch.float32
+    assert narrowest_float([idx]) is None

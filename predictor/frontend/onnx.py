@@ -431,10 +431,11 @@ def _affine(call: Call, sentinel: int | None, batch: int):
 
 
 def _call_dtype(call: Call) -> int:
+    """A row's dtype, as the fx lowering gives it (``families.narrowest_float``)."""
     cands = families.tensors(call.args) + families.tensors(call.out)
-    for t in cands:
-        if t.dtype.is_floating_point:
-            return dtypes.of_torch(t.dtype)
+    floating = families.narrowest_float(cands)
+    if floating is not None:
+        return dtypes.of_torch(floating)
     return dtypes.of_torch(cands[0].dtype) if cands else L.F32
 
 
