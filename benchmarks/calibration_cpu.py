@@ -127,7 +127,7 @@ def run_model(name: str, batch: int, factor: int, repeats: int, iterations: int,
     # the calibration times its own real iterations. Its iterations are
     # interleaved with the calibration's passes (the calibration never sees
     # them), so that both measure the same state of a shared machine.
-    truth = build_step(graph.source, graph.mode, graph.optimizer, target, cpu)
+    truth = build_step(graph.source, graph.mode, graph.optimizer, target, cpu, graph.amp)
     step_samples(truth, cpu, iterations=1, warmup=1, clock=clock)
     real: list[float] = []
     sizes = sorted({max(1, batch // 4), batch, 2 * batch})  # the calibration's default

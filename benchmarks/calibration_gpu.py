@@ -66,7 +66,7 @@ def run_model(name: str, batch: int, targets: list[int], device: str, repeats: i
         row["pure_ms"] = (predictor.predict(graph, gpu, batch_size=b).iteration_ms
                           if not cal.is_cpu else None)
         try:
-            step = build_step(graph.source, graph.mode, graph.optimizer, b, dev)
+            step = build_step(graph.source, graph.mode, graph.optimizer, b, dev, graph.amp)
             row["measured_ms"] = time_step(step, dev, iterations=iterations)
             del step
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:

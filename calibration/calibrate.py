@@ -225,7 +225,8 @@ def _measure_batch(graph, ops, b, j, dev, info, pinned, repeats, iterations, clo
     unavailable = False
     if measure_iteration:
         try:
-            step = build_step(source, graph.mode, graph.optimizer, b, dev)
+            step = build_step(source, graph.mode, graph.optimizer, b, dev,
+                              getattr(graph, "amp", None))
             step_samples(step, dev, iterations=1, warmup=1, clock=clock)  # warm-up
         except StepUnavailable as exc:
             notes.append(f"real iteration not measured: {exc}")

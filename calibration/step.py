@@ -14,6 +14,7 @@ never trains the user's weights).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 from typing import Any, Callable
@@ -72,19 +73,24 @@ def build_module(source: Any, mode: str) -> torch.nn.Module:
 
 
 def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
-               device: torch.device) -> Callable[[], None]:
-    """A zero-argument callable running one real iteration at `batch`."""
+               device: torch.device, amp: str | None = None) -> Callable[[], None]:
+    """A zero-argument callable running one real iteration at `batch`; with
+    `amp` ("bf16", "fp16") as the trace ran it: forward and loss under
+    ``torch.autocast`` on the device, fp16 with a ``GradScaler`` (without it
+    the per-op times, taken in the traced dtypes, and the real step would be
+    two different programs and the overhead fit between them meaningless)."""
     if source is None:
         raise StepUnavailable("the graph does not say how to build its model "
                               "(loaded from a file, or traced by another frontend)")
     module = build_module(source, mode)
     module = copy.deepcopy(module).to(device)
     inputs = _to_device(source.inputs(batch), device)
+    autocast = _autocast(device, amp)
     if mode == "inference":
         module.eval()
 
         def infer() -> None:
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 _call(module, inputs)
 
         return infer
@@ -96,18 +102,38 @@ def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
         loss_fn = default_loss
     params = [p for p in module.parameters() if p.requires_grad]
     opt = _optimizer(optimizer, params)
+    scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
 
     def train() -> None:
-        loss = loss_fn(_call(module, inputs))
-        loss.backward()
+        with autocast():
+            loss = loss_fn(_call(module, inputs))
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
         if opt is not None:
-            opt.step()
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
             opt.zero_grad(set_to_none=True)
         else:
             for p in params:
                 p.grad = None
 
     return train
+
+
+def _autocast(device: torch.device, amp: str | None) -> Callable[[], Any]:
+    """A new ``torch.autocast`` context for the device per call (nothing for
+    `amp` None)."""
+    if amp is None:
+        return contextlib.nullcontext
+    from predictor.frontend.autocast import AMP_DTYPES
+
+    dtype = AMP_DTYPES[amp]
+    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def time_step(step: Callable[[], None], device: torch.device, *, iterations: int = 5,

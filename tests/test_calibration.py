@@ -388,3 +388,27 @@ def test_predict_op_with_origin_scales_by_ratio():
     for bad in (("cpu", 1.0), ("V100-PCIE-32GB", -1.0), ("V100-PCIE-32GB",), "V100"):
         with pytest.raises(InvalidArgumentError):
             predict_op("linear", shapes, "T4", origin=bad)
+
+
+@pytest.mark.parametrize("amp,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_real_step_of_an_autocast_trace_runs_under_autocast(amp, dtype, monkeypatch):
+    """The real iteration a calibration times is the traced program: forward
+    and loss under autocast (fp16 with a GradScaler). Timed in fp32 it was
+    another program, and on dcgan the overhead fit between the per-op sums
+    and it came out degenerate (the calibration was refused)."""
+    from predictor.calibration.step import build_step
+
+    g = predictor.trace(_cnn(), (torch.randn(2, 3, 16, 16),), amp=amp)
+    step = build_step(g.source, g.mode, g.optimizer, 2, CPU, g.amp)
+    seen = []
+    linear = nn.Linear.forward
+
+    def forward(self, x):  # the step's own (deep-copied) model runs through the class
+        out = linear(self, x)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(nn.Linear, "forward", forward)
+    step()
+    step()
+    assert seen and set(seen) == {dtype}
