@@ -48,12 +48,13 @@ class Settings:
     dtype: str | None = None
     tf32_matmul: bool | None = None
     prices: tuple[tuple[str, float], ...] = ()
+    amp: str | None = None                    # traced under autocast ("bf16", "fp16")
 
     def to_json(self) -> dict:
         return {"gpus": list(self.gpus), "batch_sizes": None if self.batch_sizes is None
                 else list(self.batch_sizes), "mode": self.mode, "optimizer": self.optimizer,
                 "dtype": self.dtype, "tf32_matmul": self.tf32_matmul,
-                "prices": [list(p) for p in self.prices]}
+                "prices": [list(p) for p in self.prices], "amp": self.amp}
 
 
 # ----------------------------------------------------------- one candidate --
@@ -96,11 +97,12 @@ def _trace(factory: Callable, config: dict, model, inputs, settings: Settings):
     try:
         if model is not None:
             return predictor.trace(model, inputs, optimizer=settings.optimizer,
-                                   mode=settings.mode, name="candidate")
+                                   mode=settings.mode, name="candidate", amp=settings.amp)
     except PredictorError:
         pass
     return predictor.trace(lambda: _build(factory, config, None),
-                           optimizer=settings.optimizer, mode=settings.mode, name="candidate")
+                           optimizer=settings.optimizer, mode=settings.mode, name="candidate",
+                           amp=settings.amp)
 
 
 def _graph(factory: Callable, config: dict, settings: Settings, graph_dir: str | None):
@@ -115,7 +117,8 @@ def _graph(factory: Callable, config: dict, settings: Settings, graph_dir: str |
         # build on the meta device; a fake mode carries values it can check.
         model, inputs = _build(factory, config, None)
         meta = False
-    fp = fingerprint.structure(model, inputs, mode=settings.mode, optimizer=settings.optimizer)
+    fp = fingerprint.structure(model, inputs, mode=settings.mode, optimizer=settings.optimizer,
+                               amp=settings.amp)
     key = None
     if fp is not None:
         if fp in _MEMO:

@@ -421,7 +421,8 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
             executor: str = "local", workers: int | None = None, address: str | None = None,
             out: str | Path | None = None, graph_cache: str | Path | None = None,
             mode: str = "train", optimizer: str | None = "adam", dtype: str | None = None,
-            tf32_matmul: bool | None = None, prices: Mapping[str, float] | None = None,
+            tf32_matmul: bool | None = None, amp: str | None = None,
+            prices: Mapping[str, float] | None = None,
             chunk_size: int = 1, max_retries: int = 3, retry_failed: bool = False,
             flush_every: int = 4096, flush_seconds: float = 2.0,
             progress: bool = False) -> ExploreResult:
@@ -442,9 +443,12 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
         resumes (computes only the candidates missing there). Without it the
         results live in memory only.
     retry_failed: compute again the candidates recorded as failed.
+    amp: trace every candidate under autocast ("bf16", or "fp16" with a
+        GradScaler), as ``predictor.trace(amp=)``; `dtype` does not combine
+        with it.
     """
     from predictor import design_search, dtypes, hardware, memory
-    from predictor.frontend import optimizers
+    from predictor.frontend import autocast, optimizers
 
     if not isinstance(space, Space):
         raise InvalidArgumentError(f"explore needs a predictor.Space, got {type(space).__name__}")
@@ -460,6 +464,10 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
         raise InvalidArgumentError(f"mode must be 'train' or 'inference', got {mode!r}")
     optimizer = optimizers.check(optimizer) if mode == "train" else None
     dtypes.parse(dtype)
+    amp = autocast.check(amp)
+    if amp is not None and dtype is not None:
+        raise InvalidArgumentError(f"amp={amp!r} traces each candidate under autocast, which "
+                                   "gives every op its dtype; drop dtype= (or amp=)")
     chosen = hardware.database().resolve(gpus)
     overrides = design_search._resolve_prices(prices)
     chunk_size = _check_positive_int(chunk_size, "chunk_size")
@@ -469,7 +477,7 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
         workers = _check_positive_int(workers, "workers")
     settings = Settings(gpus=tuple(g.id for g in chosen), batch_sizes=_check_batches(batch_sizes),
                         mode=mode, optimizer=optimizer, dtype=dtype, tf32_matmul=tf32_matmul,
-                        prices=tuple(sorted(overrides.items())))
+                        prices=tuple(sorted(overrides.items())), amp=amp)
     out_path = None if out is None else Path(out)
     if out_path is not None and out_path.exists() and not out_path.is_dir():
         raise InvalidArgumentError(f"out {printable(out_path, 300)}: exists and is not a folder")

@@ -160,6 +160,23 @@ def test_candidates_of_one_structure_share_a_trace(tmp_path):
     assert res.graph_sources == {"traced": 2}
 
 
+def test_amp_traces_each_candidate_under_autocast():
+    """--amp: the candidates are traced under autocast, as predictor.trace(amp=)
+    does, and an AMP graph is not shared with an fp32 one of the same model."""
+    space = Space(mlp, [{"depth": 2, "width": 256}])
+    res = explore(space, gpus=["H100-SXM5-80GB"], batch_sizes=[4096], workers=1, amp="bf16")
+    g = predictor.trace(lambda: mlp(depth=2, width=256), amp="bf16")
+    direct = predictor.search(g, gpus=["H100-SXM5-80GB"], batch_sizes=[4096]).table
+    amp_ms = res.to_pandas()["iteration_ms"].iloc[0]
+    assert amp_ms == pytest.approx(float(direct["iteration_ms"].iloc[0]), rel=1e-9)
+    fp32 = explore(space, gpus=["H100-SXM5-80GB"], batch_sizes=[4096], workers=1)
+    assert fp32.to_pandas()["iteration_ms"].iloc[0] != pytest.approx(amp_ms, rel=1e-3)
+    with pytest.raises(InvalidArgumentError, match="unknown amp"):
+        explore(space, gpus=["T4"], amp="fp8")
+    with pytest.raises(InvalidArgumentError, match="drop dtype"):
+        explore(space, gpus=["T4"], amp="bf16", dtype="float16")
+
+
 def test_local_matches_a_direct_search(local_run):
     space, out, res = local_run
     g = predictor.trace(lambda: mlp(depth=3, width=64))

@@ -11,7 +11,8 @@ import os
 import sys
 
 from predictor.commands.common import (add_format_arguments, add_spec_argument, console, fmt,
-                                       load_specs, parse_batch_sizes, positive_int)
+                                       load_specs, parse_batch_sizes, positive_int,
+                                       precision_words)
 from predictor.commands.search import _constraints, _fraction, _prices
 
 NAME = "explore"
@@ -74,8 +75,14 @@ def add_parser(sub) -> None:
                    help="predict a no-grad forward pass instead of a training step")
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
                    help="optimizer step to include (default: adam)")
+    p.add_argument("--amp", default=None, choices=["bf16", "fp16"],
+                   help="trace each candidate under mixed precision as "
+                        "torch.autocast('cuda', dtype) runs it (fp16 with a GradScaler); "
+                        "default: none")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="run every floating-point op in this dtype (default: as traced)")
+    p.add_argument("--tf32", action="store_true",
+                   help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
     p.add_argument("--price", action="append", default=[], metavar="GPU=USD|FILE",
                    help="override a GPU's price in USD per GPU-hour (repeatable)")
     p.add_argument("--top", type=positive_int, default=15, metavar="N",
@@ -155,11 +162,13 @@ def run(args: argparse.Namespace) -> int:
                   workers=args.workers, address=args.address, out=args.out,
                   mode="inference" if args.inference else "train",
                   optimizer=None if args.optimizer == "none" else args.optimizer,
-                  dtype=args.dtype, prices=prices or None, chunk_size=args.chunk_size,
+                  dtype=args.dtype, amp=args.amp, tf32_matmul=args.tf32 or None,
+                  prices=prices or None, chunk_size=args.chunk_size,
                   retry_failed=args.retry_failed,
                   progress=not args.quiet and _stderr_is_terminal())
     if args.json:
-        print(json.dumps({"space": space.name, "candidates": res.candidates,
+        print(json.dumps({"space": space.name, "candidates": res.candidates, "amp": args.amp,
+                          "dtype": args.dtype, "tf32_matmul": bool(args.tf32),
                           "computed": res.computed, "reused": res.reused,
                           "failed": res.failed, "objective": res.objective,
                           "rows": json.loads(res.table.to_json(orient="records")),
@@ -171,17 +180,18 @@ def run(args: argparse.Namespace) -> int:
         df["config"] = [json.dumps(c, sort_keys=True) for c in df["config"]]
         print(df.to_csv(index=False), end="")
         return 0
-    print_table(space, res, args.top, args.all)
+    print_table(space, res, args.top, args.all, precision_words(args.amp, args.dtype, args.tf32))
     return 0
 
 
-def print_table(space, res, top: int, show_all: bool) -> None:
+def print_table(space, res, top: int, show_all: bool,
+                precision: str = "dtype as traced") -> None:
     from rich.table import Table
 
     df = res.to_pandas() if show_all else res.fitting()
     shown = df.head(top)
-    table = Table(title=f"{space.name} · {res.candidates:,} candidates · objective "
-                        f"{res.objective}", title_justify="left")
+    table = Table(title=f"{space.name} · {res.candidates:,} candidates · {precision} · "
+                        f"objective {res.objective}", title_justify="left")
     cols = ["#", "config", "params", "GFLOP/iter", "GPU", "batch", "iter ms", "samples/s",
             "mem GiB", "$/1M samples"] + (["fits"] if show_all else [])
     for c in cols:
