@@ -199,8 +199,11 @@ tr.nofit{color:#999}table.narrow{width:auto;min-width:260px}.note{font-size:12px
 """
 
 
-def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED) -> tuple[str, dict]:
-    """(HTML text, JSON-able data) of the report for a SearchResult."""
+def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED,
+                precision: str | None = None) -> tuple[str, dict]:
+    """(HTML text, JSON-able data) of the report for a SearchResult;
+    `precision`: how the step's ops run, as the tables' titles say it
+    ("amp bf16", "float32", ...)."""
     try:
         import matplotlib  # noqa: F401  (every plot below draws with it)
     except ImportError:  # an optional dependency
@@ -235,6 +238,7 @@ def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED) -> tupl
     else:
         best_html = "<div class='best'><b>No configuration fits</b> in memory within the constraints.</div>"
     params = f"{graph.parameters / 1e6:,.1f} M parameters · " if graph is not None else ""
+    params += f"{html.escape(precision)} · " if precision else ""
     meta = (f"{params}objective: {html.escape(result.objective)} · run: "
             f"{html.escape(result.run.describe())} · {result.gpus_per_node} GPU(s) per configuration · "
             f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · "
@@ -309,7 +313,7 @@ def script_json(data) -> str:
 
 
 def write_report(result, folder: str | Path, graph=None, *,
-                 max_gpus: int = MAX_GPUS_PLOTTED) -> Path:
+                 max_gpus: int = MAX_GPUS_PLOTTED, precision: str | None = None) -> Path:
     """Write report.html and search.json into `folder` (created if missing);
     returns the HTML path.
 
@@ -319,7 +323,7 @@ def write_report(result, folder: str | Path, graph=None, *,
     writer killed between the two leaves a complete new report beside the
     previous JSON (their stamps differ), never a report without its data."""
     folder = Path(folder)
-    text, data = render_html(result, graph, max_gpus=max_gpus)
+    text, data = render_html(result, graph, max_gpus=max_gpus, precision=precision)
     out = folder / "report.html"
     atomic_write_text(out, text)
     atomic_write_text(folder / "search.json", json.dumps(data, indent=2, allow_nan=False,
@@ -424,6 +428,8 @@ def render_layout_html(rows: list[dict], meta: dict, graph=None, *,
     else:
         best_html = "<div class='best'><b>No layout fits</b> in GPU memory.</div>"
     params = f"{graph.parameters / 1e9:,.2f} B parameters · " if graph is not None else ""
+    precision = f"amp {meta['amp']}" if meta.get("amp") else meta.get("dtype")
+    params += f"{html.escape(precision)} · " if precision else ""
     meta_html = (f"{params}{meta['n_gpus']} GPUs · global batch {meta['global_batch']} · "
                  f"{meta['gpus_per_node']} GPUs per node · fits = peak ≤ "
                  f"{meta['max_memory_fraction']:.0%} of GPU memory · generated {data['generated']}")

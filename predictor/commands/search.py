@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
         from predictor.report import write_report
 
         with console(stderr=True).status("writing the report ...", spinner="dots"):
-            report = write_report(result, args.report, graph)
+            report = write_report(result, args.report, graph,
+                                  precision=precision_text(graph, args.dtype, args.tf32))
     lines = notes(graph, gpus, args.dtype)
     if args.json:
         print(json.dumps({**result.to_dict(), "notes": lines}, indent=2))
