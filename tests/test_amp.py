@@ -493,3 +493,19 @@ def test_a_rows_dtype_is_its_narrowest_floating_one():
     assert narrowest_float([f32, b16]) == torch.bfloat16
     assert narrowest_float([idx, f32]) == torch.float32
     assert narrowest_float([idx]) is None
+
+
+def test_an_op_without_16_bit_kernels_under_amp_is_one_line_with_the_fix():
+    class Spectral(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):  # torch.fft has no bf16 kernels, on CUDA either
+            return torch.fft.rfft(self.fc(x), dim=-1).abs().sum()
+
+    from predictor.errors import TraceError
+
+    with pytest.raises(TraceError, match=r"\.float\(\)") as exc:
+        predictor.trace(Spectral(), (torch.zeros(4, 16),), amp="bf16", loss_fn=lambda o: o)
+    assert "\n" not in str(exc.value)

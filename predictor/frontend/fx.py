@@ -526,6 +526,11 @@ def _hint(exc: BaseException) -> str:
                 "sequence length")
     if "DataDependent" in name or "data-dependent" in msg.lower() or "data dependent" in msg.lower():
         return "data-dependent control flow cannot be traced"
+    if any(k in msg for k in ("BFloat16", "Half", "bfloat16", "float16")):
+        # Under amp= an op outside autocast's lists gets a 16-bit input (torch.fft on
+        # bf16: "Unsupported dtype BFloat16", on CUDA too).
+        return ("an op of the model does not take that 16-bit dtype (nor does it under CUDA "
+                "autocast); cast its input with .float() in the model, or trace without amp")
     return ("check the example inputs' shapes; data-dependent control flow cannot be traced")
 
 
