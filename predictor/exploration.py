@@ -27,7 +27,7 @@ Where work goes:
   the records not yet flushed: the same call (or CLI command) again reads what is there and
   computes only the missing candidates. A candidate is identified by a hash of
   its config, the factory's name and source, the settings that change its
-  numbers (GPUs, batch sizes, dtype, mode, optimizer, prices) and the
+  numbers (GPUs, batch sizes, dtype, amp, TF32, mode, optimizer, prices) and the
   predictor's version and graph-producing sources.
 - graphs: candidates that build the same network (the same structure and input
   shapes, ``predictor.fingerprint``) share one trace: in a worker's memory, and
