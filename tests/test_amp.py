@@ -509,3 +509,44 @@ def test_an_op_without_16_bit_kernels_under_amp_is_one_line_with_the_fix():
     with pytest.raises(TraceError, match=r"\.float\(\)") as exc:
         predictor.trace(Spectral(), (torch.zeros(4, 16),), amp="bf16", loss_fn=lambda o: o)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_inference_peak_holds_autocasts_cached_weight_copies(amp):
+    """Under autocast the 16-bit copy of each fp32 parameter stays in the cast
+    cache until the autocast region ends, used again or not; in inference
+    nothing else holds it. The predicted peak equals torch's MemTracker on
+    the same step (fake tensors, CUDA's policy), byte for byte."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    def build():
+        return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                   torch.nn.Linear(2048, 2048), torch.nn.GELU(),
+                                   torch.nn.Linear(2048, 512))
+
+    def measured(batch):
+        with autocast.CudaAutocast(amp) as policy, FakeTensorMode(allow_non_fake_inputs=True):
+            model = build().eval()
+
+            def step(x):
+                with torch.no_grad(), policy.region():
+                    out = model(x)
+                del out
+
+            step(torch.zeros(batch, 512))
+            x = torch.zeros(batch, 512)
+            tracker = MemTracker()
+            tracker.track_external(model, x)
+            with tracker:
+                step(x)
+            snap = tracker.get_tracker_snapshot("peak")
+        return max(d["Total"] for d in snap.values())
+
+    g = predictor.trace(build(), (torch.zeros(8, 512),), mode="inference", amp=amp)
+    f32 = predictor.trace(build(), (torch.zeros(8, 512),), mode="inference")
+    for b in (8, 64):
+        peak = int(g.memory.peak([b], rounding=False, workspaces=False)[0][0])
+        assert peak == measured(b)
+        # fp32 weights and every 16-bit copy at once: above the fp32 step's peak.
+        assert peak > int(f32.memory.peak([b], rounding=False, workspaces=False)[0][0])

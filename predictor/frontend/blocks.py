@@ -355,7 +355,7 @@ def _replicate(spec, stack: Stack, mode, optimizer, amp, trace_small) -> Graph:
     seq = spec.seq_len if spec.seq_len is not None else spec.input_seq_len
     lowered = lowering.lower(gm, marks, sentinel, spec.batch_size)
     origins: list = []
-    mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel, origins)
+    mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel, origins, amp=amp)
     detail: dict = {}
     layout = None
     if mode == "train":

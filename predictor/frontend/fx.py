@@ -479,7 +479,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
             f"seq_len={spec.seq_len} but {spec.name}'s example inputs have sequence length "
             f"{spec.input_seq_len}; the inputs set the shapes")
     lowered = lower(gm, marks, sentinel, spec.batch_size)
-    mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel)
+    mem = memory_pass.profile(gm, marks if mode == "train" else (), sentinel, amp=amp)
     graph = Graph(
         name=spec.name, ops=lowered.table, batch_size=spec.batch_size, mode=mode,
         optimizer=optimizer, seq_len=seq, parameters=counts[0],

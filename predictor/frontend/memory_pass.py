@@ -13,6 +13,8 @@ Liveness follows eager PyTorch:
   autograd saved for backward lives until its backward op has run;
 - gradients of parameters live from the backward op that makes them to the end
   of the step (``param.grad`` holds them until ``zero_grad``);
+- under autocast, the 16-bit copy of an fp32 parameter lives at least to the
+  end of the autocast region (forward and loss): the cast cache holds it;
 - transient library workspaces live during one op: cuDNN convolutions
   (``min(largest operand, CUDNN_WORKSPACE_CAP)``: an assumption, not
   measured) and the fp32 ``dq`` accumulator of flash-attention backward.
@@ -107,15 +109,35 @@ def _op_sets():
     return _CONV_OPS, _ATTN_BWD_OPS
 
 
+def _casts_a_parameter(node, of_node: dict, category: list[int]) -> bool:
+    """Whether a ``_to_copy`` node casts an fp32 parameter to 16 bits (what
+    autocast's cast cache holds)."""
+    src = node.args[0] if node.args else None
+    val, out = (src.meta.get("val") if isinstance(src, torch.fx.Node) else None), \
+        node.meta.get("val")
+    if not (isinstance(val, torch.Tensor) and isinstance(out, torch.Tensor)):
+        return False
+    if val.dtype != torch.float32 or out.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return any(category[e] == PARAMETERS for e in of_node.get(src, ()))
+
+
 def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
-            origins: list | None = None) -> MemoryProfile:
+            origins: list | None = None, amp: str | None = None) -> MemoryProfile:
     """The memory pass over a traced step (see the module docstring).
 
     `phase_marks` are the node indices where backward and the optimizer start
     (as for the lowering); `sentinel` is the batch size the trace ran at (None:
     sizes are taken as traced). `origins`, when given, receives per storage
     (node index, position among the node's output tensors; -1 for a
-    workspace): where it was first seen (predictor.frontend.blocks)."""
+    workspace): where it was first seen (predictor.frontend.blocks).
+
+    `amp`: the step ran under autocast, whose cast cache keeps the 16-bit copy
+    of every fp32 parameter it casts until the autocast region (forward and
+    loss) ends, used again or not: such a copy lives to the end of the
+    forward (the whole step in inference, where nothing else holds it;
+    MemTracker on BERT-base inference under bf16 autocast: 1.107 GiB against
+    0.900 in fp32)."""
     scale2 = BatchScaler(sentinel, 2)
     conv_ops, attn_bwd_ops = _op_sets()
     nodes = list(gm.graph.nodes)
@@ -141,6 +163,7 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
     last_phase: list[int] = []   # the latest phase that reads each storage
     index: dict[int, int] = {}   # storage key -> entry
     of_node: dict[Any, list[int]] = {}
+    cached: list[int] = []       # 16-bit copies of parameters in autocast's cast cache
 
     def add(c: float, p: int, dt: int, a: int, f: int, category: int, cp: int = 0) -> int:
         coef.append(c), power.append(p), dtype.append(dt), alloc.append(a), free.append(f)
@@ -195,6 +218,9 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
             if free[e] < idx:
                 free[e] = idx
         target = node.target
+        if amp is not None and target is torch.ops.aten._to_copy.default and entries \
+                and _casts_a_parameter(node, of_node, cat):
+            cached.extend(entries)
         if target in conv_ops:
             biggest = max((t for a in node.all_input_nodes for t in _tensors(a.meta.get("val")))
                           , key=lambda t: t.numel(), default=None)
@@ -216,6 +242,10 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
     cat_a = np.asarray(cat, np.int64)
     alloc_a = np.asarray(alloc, np.int64)
     free_a = np.asarray(free, np.int64)
+    if cached:
+        region_end = marks[0] - 1 if training else last
+        c = np.asarray(cached, np.int64)
+        free_a[c] = np.maximum(free_a[c], region_end)
     if training and len(marks) >= 1:
         born = np.asarray([phase_of(a) for a in alloc], np.int64)
         read = np.asarray(last_phase, np.int64)
