@@ -57,6 +57,10 @@ def test_titles_and_json_say_the_precision(capsys):
                      "--amp", "fp16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["amp"] == "fp16" and out["tf32_matmul"] is False
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "A100-SXM4-80GB",
+                     "--amp", "bf16", "--csv"]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert header.endswith(",precision") and row.endswith(",amp bf16")
 
 
 @pytest.mark.parametrize("args,needle", [

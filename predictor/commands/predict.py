@@ -115,13 +115,14 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
         return 0
+    precision = precision_text(graph, args.dtype, args.tf32)
     if args.csv:
         df.insert(0, "model", graph.name)
+        df["precision"] = precision
         print(df.to_csv(index=False), end="")
         print_notes_stderr(lines)
         return 0
-    print_table(graph, df, lines, res.max_memory_fraction,
-                precision_text(graph, args.dtype, args.tf32))
+    print_table(graph, df, lines, res.max_memory_fraction, precision)
     if args.breakdown:
         if chosen is None:
             chosen = next(g for g in gpus if g.id == df["gpu"][0])  # the fastest
