@@ -162,13 +162,13 @@ def run(args: argparse.Namespace) -> int:
                     epochs=args.epochs, iterations=args.iterations,
                     gpus_per_node=args.gpus_per_node, dtype=args.dtype,
                     tf32_matmul=args.tf32 or None, price_basis=args.price_basis)
+    precision = precision_text(graph, args.dtype, args.tf32)
     report = None
     if args.report:
         from predictor.report import write_report
 
         with console(stderr=True).status("writing the report ...", spinner="dots"):
-            report = write_report(result, args.report, graph,
-                                  precision=precision_text(graph, args.dtype, args.tf32))
+            report = write_report(result, args.report, graph, precision=precision)
     lines = notes(graph, gpus, args.dtype)
     if args.json:
         print(json.dumps({**result.to_dict(), "notes": lines}, indent=2))
@@ -179,8 +179,7 @@ def run(args: argparse.Namespace) -> int:
         print(df.to_csv(index=False), end="")
         print_notes_stderr(lines)
         return 0
-    print_table(graph, result, args.top, args.all, report, lines,
-                precision_text(graph, args.dtype, args.tf32))
+    print_table(graph, result, args.top, args.all, report, lines, precision)
     return 0
 
 
