@@ -171,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
             report = write_report(result, args.report, graph, precision=precision)
     lines = notes(graph, gpus, args.dtype)
     if args.json:
-        print(json.dumps({**result.to_dict(), "notes": lines}, indent=2))
+        print(json.dumps({**result.to_dict(), "amp": getattr(graph, "amp", None),
+                          "dtype": args.dtype, "tf32_matmul": bool(args.tf32), "notes": lines},
+                         indent=2))
         return 0
     if args.csv:
         df = result.to_pandas()
