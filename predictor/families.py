@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from predictor import dtypes
 from predictor.kernels import layout as L
 from predictor.registry import Registry
 
@@ -141,6 +142,15 @@ def narrowest_float(ts) -> torch.dtype | None:
         if t.dtype.is_floating_point and (best is None or t.dtype.itemsize < best.itemsize):
             best = t.dtype
     return best
+
+
+def row_dtype_code(ts) -> int:
+    """A row's dtype code, as the fx and ONNX lowerings give it: its
+    `narrowest_float` dtype, else the first tensor's, else fp32."""
+    floating = narrowest_float(ts)
+    if floating is not None:
+        return dtypes.of_torch(floating)
+    return dtypes.of_torch(ts[0].dtype) if ts else L.F32
 
 
 def row_unit(args: tuple, out: Any) -> torch.dtype | None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from predictor import dtypes, families
+from predictor import families
 from predictor.families import TensorMeta
 from predictor.kernels import layout as L
 from predictor.optable import OpTable, _empty_gemm
@@ -124,9 +124,8 @@ def _rows_at(op, node: torch.fx.Node, scaler: BatchScaler):
 
 
 def _row_dtype(node: torch.fx.Node) -> int:
-    """The compute dtype of an op: the narrowest floating dtype of its tensor
-    arguments and outputs (``families.narrowest_float``), else the first
-    tensor's."""
+    """The compute dtype of an op from its tensor arguments and outputs
+    (``families.row_dtype_code``)."""
     cands: list[torch.Tensor] = []
 
     def collect(x):
@@ -140,10 +139,7 @@ def _row_dtype(node: torch.fx.Node) -> int:
 
     collect(node.args)
     collect(node.meta.get("val"))
-    floating = families.narrowest_float(cands)
-    if floating is not None:
-        return dtypes.of_torch(floating)
-    return dtypes.of_torch(cands[0].dtype) if cands else L.F32
+    return families.row_dtype_code(cands)
 
 
 def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int | None,

@@ -53,7 +53,7 @@ except ImportError:  # an optional dependency
 import torch
 from onnx import numpy_helper
 
-from predictor import dtypes, families
+from predictor import families
 from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.io import printable
 from predictor.limits import check_batch_size, check_seq_len
@@ -431,12 +431,8 @@ def _affine(call: Call, sentinel: int | None, batch: int):
 
 
 def _call_dtype(call: Call) -> int:
-    """A row's dtype, as the fx lowering gives it (``families.narrowest_float``)."""
-    cands = families.tensors(call.args) + families.tensors(call.out)
-    floating = families.narrowest_float(cands)
-    if floating is not None:
-        return dtypes.of_torch(floating)
-    return dtypes.of_torch(cands[0].dtype) if cands else L.F32
+    """A row's dtype, as the fx lowering gives it (``families.row_dtype_code``)."""
+    return families.row_dtype_code(families.tensors(call.args) + families.tensors(call.out))
 
 
 def _table(phases: list[list[Call]], sentinel: int | None, batch: int, p: Path
