@@ -27,7 +27,7 @@ import numpy as np
 
 from predictor.errors import MissingExtraError
 from predictor.io import atomic_write_text, plain_text_figures
-from predictor.text import plain_log_ticks
+from predictor.text import plain_log_ticks, precision_words
 
 MAX_GPUS_PLOTTED = 10
 TABLE_ROWS = 25
@@ -428,7 +428,7 @@ def render_layout_html(rows: list[dict], meta: dict, graph=None, *,
     else:
         best_html = "<div class='best'><b>No layout fits</b> in GPU memory.</div>"
     params = f"{graph.parameters / 1e9:,.2f} B parameters · " if graph is not None else ""
-    precision = f"amp {meta['amp']}" if meta.get("amp") else meta.get("dtype")
+    precision = precision_words(meta.get("amp"), meta.get("dtype"), False, traced="")
     params += f"{html.escape(precision)} · " if precision else ""
     meta_html = (f"{params}{meta['n_gpus']} GPUs · global batch {meta['global_batch']} · "
                  f"{meta['gpus_per_node']} GPUs per node · fits = peak ≤ "

@@ -61,6 +61,15 @@ def plain_log_ticks(ax) -> None:
             axis.set_minor_formatter(NullFormatter())
 
 
+def precision_words(amp: str | None, dtype: str | None, tf32: bool,
+                    traced: str = "dtype as traced") -> str:
+    """How a step's floating-point ops run, as titles and report headers say
+    it: "amp bf16" under autocast, the dtype asked for, else `traced`;
+    " + TF32 matmuls" with TF32."""
+    text = f"amp {amp}" if amp else (dtype or traced)
+    return text + (" + TF32 matmuls" if tf32 else "")
+
+
 def flops_text(flops: float, per: str = "iter") -> str:
     """FLOPs with a unit that keeps three significant figures: '4.11 GFLOP/iter',
     '12.3 TFLOP/iter', never '0.00 TFLOP/iter' for a small model."""

@@ -83,20 +83,19 @@ def add_precision_arguments(p: argparse.ArgumentParser) -> None:
                    help="fp32 matmuls use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32)")
 
 
-def precision_words(amp: str | None, dtype: str | None, tf32: bool,
-                    traced: str = "dtype as traced") -> str:
-    """How a step's floating-point ops run, as the tables' titles say it:
-    "amp bf16" under autocast, the --dtype asked for, else `traced`;
-    " + TF32 matmuls" with --tf32."""
-    text = f"amp {amp}" if amp else (dtype or traced)
-    return text + (" + TF32 matmuls" if tf32 else "")
+def precision_fields(amp: str | None, dtype: str | None, tf32: bool) -> dict:
+    """The precision keys of every command's --json: the --dtype asked for
+    ("as traced" without one), the autocast dtype, and TF32 matmuls."""
+    return {"dtype": dtype or "as traced", "amp": amp, "tf32_matmul": bool(tf32)}
 
 
 def precision_text(graph, dtype: str | None = None, tf32: bool = False) -> str:
-    """`precision_words` for a traced step: "float32" for one traced mostly
-    in it."""
+    """``predictor.text.precision_words`` for a traced step: "float32" for
+    one traced mostly in it."""
     from predictor import dtypes
     from predictor.kernels import layout as L
+
+    from predictor.text import precision_words
 
     traced = "float32" if dtypes.mostly(graph, (L.F32,)) else "dtype as traced"
     return precision_words(getattr(graph, "amp", None), dtype, tf32, traced)

@@ -12,8 +12,9 @@ import sys
 
 from predictor.commands.common import (add_format_arguments, add_spec_argument, console, fmt,
                                        load_specs, parse_batch_sizes, positive_int,
-                                       precision_words)
+                                       precision_fields)
 from predictor.commands.search import _constraints, _fraction, _prices
+from predictor.text import precision_words
 
 NAME = "explore"
 
@@ -167,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
                   retry_failed=args.retry_failed,
                   progress=not args.quiet and _stderr_is_terminal())
     if args.json:
-        print(json.dumps({"space": space.name, "candidates": res.candidates, "amp": args.amp,
-                          "dtype": args.dtype, "tf32_matmul": bool(args.tf32),
+        print(json.dumps({"space": space.name, "candidates": res.candidates,
+                          **precision_fields(args.amp, args.dtype, args.tf32),
                           "computed": res.computed, "reused": res.reused,
                           "failed": res.failed, "objective": res.objective,
                           "rows": json.loads(res.table.to_json(orient="records")),

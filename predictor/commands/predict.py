@@ -9,8 +9,8 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argume
                                        add_format_arguments, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, batch_size_arg,
                                        console, error_cell, json_records, load_specs, notes,
-                                       positive_int, precision_text, print_notes_stderr,
-                                       targets, trace_from_args)
+                                       positive_int, precision_fields, precision_text,
+                                       print_notes_stderr, targets, trace_from_args)
 
 NAME = "predict"
 
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,
-            "mode": graph.mode, "optimizer": graph.optimizer, "dtype": args.dtype or "as traced",
-            "amp": getattr(graph, "amp", None), "tf32_matmul": bool(args.tf32),
+            "mode": graph.mode, "optimizer": graph.optimizer,
+            **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
             "parameters": graph.parameters, "flops_per_iteration": graph.flops(),
             "unsupported_ops": graph.unsupported, "notes": lines,
             "predictions": json_records(df.drop(columns="batch_size")),

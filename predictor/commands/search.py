@@ -13,7 +13,8 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, load_graph,
                                        load_specs, notes, parse_batch_sizes, positive_int,
-                                       precision_text, print_notes_stderr)
+                                       precision_fields, precision_text,
+                                       print_notes_stderr)
 
 NAME = "search"
 
@@ -171,9 +172,9 @@ def run(args: argparse.Namespace) -> int:
             report = write_report(result, args.report, graph, precision=precision)
     lines = notes(graph, gpus, args.dtype)
     if args.json:
-        print(json.dumps({**result.to_dict(), "amp": getattr(graph, "amp", None),
-                          "dtype": args.dtype, "tf32_matmul": bool(args.tf32), "notes": lines},
-                         indent=2))
+        print(json.dumps({**result.to_dict(),
+                          **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
+                          "notes": lines}, indent=2))
         return 0
     if args.csv:
         df = result.to_pandas()

@@ -13,7 +13,7 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argume
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, json_records,
                                        load_graph, load_specs, notes, parse_batch_sizes,
-                                       precision_text, targets)
+                                       precision_fields, precision_text, targets)
 
 NAME = "sweep"
 
@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "model": graph.name, "mode": graph.mode, "optimizer": graph.optimizer,
-            "seq_len": graph.seq_len, "dtype": args.dtype or "as traced",
-            "amp": getattr(graph, "amp", None), "tf32_matmul": bool(args.tf32),
+            "seq_len": graph.seq_len,
+            **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
             "batch_sizes": [int(b) for b in res.batch_sizes], "gpus": res.gpus,
             "best": json_records(best), "grid": json_records(df), "notes": lines,
         }, indent=2))
