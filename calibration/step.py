@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from predictor.calibration.measure import host_clock
+from predictor.frontend.autocast import AMP_DTYPES
 
 
 class StepUnavailable(Exception):
@@ -130,8 +131,6 @@ def _autocast(device: torch.device, amp: str | None) -> Callable[[], Any]:
     `amp` None)."""
     if amp is None:
         return contextlib.nullcontext
-    from predictor.frontend.autocast import AMP_DTYPES
-
     dtype = AMP_DTYPES[amp]
     return lambda: torch.autocast(device.type, dtype=dtype)
 
