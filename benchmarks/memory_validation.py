@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=None,
                     help="comma-separated batch sizes for every model (default: per model)")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
-    ap.add_argument("--amp", default=None, choices=("bf16", "fp16"),
+    ap.add_argument("--amp", default=None, choices=("bf16", "fp16", "fp8"),
                     help="the step under CUDA's autocast policy (both sides)")
     args = ap.parse_args(argv)
     rows = []

@@ -134,6 +134,10 @@ def calibrate(graph, *, device=None, repeats: int | None = None,
 
     if clock not in ("wall", "cpu"):
         raise InvalidArgumentError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if getattr(graph, "amp", None) == "fp8":
+        raise InvalidArgumentError(
+            f"{graph.name} was traced with amp='fp8': its float8 linears are torchao's kernels, "
+            "which calibration does not run; calibrate the amp='bf16' trace of the model")
     dev = resolve_device(device)
     if repeats is None:
         repeats = DEFAULT_REPEATS[dev.type]

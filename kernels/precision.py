@@ -75,10 +75,11 @@ UNALIGNED_SLOWDOWN = 2.0
 # SM's shared memory with their pipeline stages).
 TC_TILE_M = 128
 TC_TILE_N = 128
-# Reduction step of one tile iteration: 32 elements of a 2-byte dtype, 16 of TF32
-# (both 64 bytes).
+# Reduction step of one tile iteration: 32 elements of a 2-byte dtype, 16 of TF32,
+# 64 of float8 (all 64 bytes).
 K_STEP_16 = 32
 K_STEP_TF32 = 16
+K_STEP_8 = 64
 
 
 @njit(cache=True)
@@ -98,7 +99,7 @@ def _memory_learned_family(family):
 @njit(cache=True)
 def rewrites(family, dtype_code, params):
     """Whether a row may be priced other than as it stands (on some GPU)."""
-    if dtype_code == L.F16 or dtype_code == L.BF16:
+    if dtype_code == L.F16 or dtype_code == L.BF16 or dtype_code == L.F8:
         return _is_gemm(family) or _memory_learned_family(family)
     return dtype_code == L.F32 and family == L.MATMUL and params[P_TF32_MATMUL] > 0.5
 
@@ -109,8 +110,9 @@ def tensor_core_peak(family, dtype_code, gpu, params):
     tensor cores. A dtype has tensor cores when its peak is well above the
     CUDA cores' fp32 rate: fp16 at 4x or more (Volta on), or at 2x with bf16
     at 2x too (GA10x boards, whose fp32 rate is doubled); bf16 at 2x or more;
-    TF32 at 2x or more (GA10x TF32 equals its fp32 rate: no gain). P100's
-    packed fp16 (2x, no bf16) is not a tensor core."""
+    TF32 at 2x or more (GA10x TF32 equals its fp32 rate: no gain); float8
+    at 2x or more (compute capability 8.9 on). P100's packed fp16 (2x, no
+    bf16) is not a tensor core."""
     if not _is_gemm(family):
         return 0.0
     # Datasheets round their peaks (RTX 3090: fp16 71 against fp32 35.6), so
@@ -125,6 +127,10 @@ def tensor_core_peak(family, dtype_code, gpu, params):
         ok = p >= twice
     elif dtype_code == L.F32 and family == L.MATMUL and params[P_TF32_MATMUL] > 0.5:
         p = gpu[L.G_TF32_TFLOPS]
+        ok = p >= twice
+    elif dtype_code == L.F8:
+        # A GPU without float8 has its fp32 rate there (predictor.hardware).
+        p = gpu[L.G_FP8_TFLOPS]
         ok = p >= twice
     else:
         return 0.0
@@ -160,7 +166,7 @@ def mode_of(family, dtype_code, gpu, params):
         if dtype_code == L.BF16:
             return AS_FP32  # emulated through fp32 arithmetic
         return AS_IS
-    if dtype_code == L.F16 or dtype_code == L.BF16:
+    if dtype_code == L.F16 or dtype_code == L.BF16 or dtype_code == L.F8:
         return AS_FP32
     return AS_IS
 
@@ -193,10 +199,10 @@ def _cdiv(a, b):
 @njit(cache=True)
 def aligned(family, dtype_code, d):
     """Whether a GEMM's dims meet the tensor-core alignment rule: multiples of
-    8 elements for fp16/bf16, 4 for TF32 (16 bytes), in the leading dims the
+    8 elements for fp16/bf16, 4 for TF32, 16 for float8 (16 bytes), in the leading dims the
     library reads: K and N (and M when A is a transposed view) for a matmul,
     the input and output channels per group for a convolution."""
-    a = 4 if dtype_code == L.F32 else 8
+    a = 4 if dtype_code == L.F32 else (16 if dtype_code == L.F8 else 8)
     if family == L.MATMUL:
         ok = d[3] % a == 0 and d[2] % a == 0
         if (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) != 0:
@@ -256,7 +262,7 @@ def tensor_core_us(family, dtype_code, kernels, d, gpu, params):
         return launch + 1e-3
     sms = max(int(gpu[L.G_SMS]), 1)
     tiles = bt * _cdiv(m, TC_TILE_M) * _cdiv(n, TC_TILE_N)
-    step = K_STEP_TF32 if dtype_code == L.F32 else K_STEP_16
+    step = K_STEP_TF32 if dtype_code == L.F32 else (K_STEP_8 if dtype_code == L.F8 else K_STEP_16)
     flops, elems = flops_and_elems(family, d)
     # The implicit GEMM of a strided convolution's dgrad counts more
     # multiply-adds than it does (predictor.kernels.work): scale to the op's own.

@@ -48,7 +48,7 @@ class Settings:
     dtype: str | None = None
     tf32_matmul: bool | None = None
     prices: tuple[tuple[str, float], ...] = ()
-    amp: str | None = None                    # traced under autocast ("bf16", "fp16")
+    amp: str | None = None                    # traced under autocast ("bf16", "fp16", "fp8")
 
     def to_json(self) -> dict:
         return {"gpus": list(self.gpus), "batch_sizes": None if self.batch_sizes is None

@@ -117,7 +117,7 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
         chosen = db.resolve(gpus)
     batches = _batches(graph, batch_sizes)
     code = dtypes.parse(dtype)
-    _check_amp(graph, code, chosen)
+    chosen = _check_amp(graph, code, chosen, gpus)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     feats = db.features(chosen)
     params = model_params(tf32_matmul, tf32_conv)
@@ -144,13 +144,15 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
                        error_p90_pct=[expected_error.p90_pct(s) for s in standing])
 
 
-def _check_amp(graph: Graph, code: int | None, chosen) -> None:
-    """A graph traced under autocast keeps autocast's dtypes (dtype= would
-    recast every op, undoing it); bf16 autocast on a GPU without bf16 tensor
-    cores runs emulated at the fp32 rate: a warning naming the GPUs."""
+def _check_amp(graph: Graph, code: int | None, chosen, asked=None) -> list:
+    """The GPUs to predict `graph` on, of `chosen` (`asked` as given). A
+    graph traced under autocast keeps autocast's dtypes (dtype= would recast
+    every op, undoing it); bf16 autocast on a GPU without bf16 tensor cores
+    runs emulated at the fp32 rate: a warning naming the GPUs; an fp8 step
+    runs only where float8 tensor cores are (``hardware.float8_gpus``)."""
     amp = getattr(graph, "amp", None)
     if amp is None:
-        return
+        return chosen
     if code is not None:
         raise InvalidArgumentError(
             f"{graph.name} was traced with amp={amp!r}: its ops already have autocast's dtypes; "
@@ -163,6 +165,9 @@ def _check_amp(graph: Graph, code: int | None, chosen) -> None:
             warnings.warn(f"no bf16 tensor cores on {', '.join(lacking)}: amp='bf16' matmuls and "
                           "convolutions are predicted emulated at the fp32 rate there; use "
                           "amp='fp16' on these GPUs", stacklevel=3)
+    if amp == "fp8":
+        return hardware.float8_gpus(chosen, asked)
+    return chosen
 
 
 def _memory(graph: Graph, chosen, batches: np.ndarray, code: int | None,

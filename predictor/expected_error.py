@@ -102,11 +102,12 @@ def p90_pct(kind: str) -> float | None:
 
 def gemm_dtype(graph, dtype=None, tf32_matmul: bool | None = None) -> int | None:
     """The dtype a prediction asks the step's GEMMs to run in where it is not
-    plain fp32: autocast's half dtype, `dtype` or the traced one when half
+    plain fp32: autocast's half dtype (float8 under amp="fp8", whose
+    linears' GEMMs dominate), `dtype` or the traced one when half
     precision, fp32 with TF32 matmuls asked for; None for plain fp32."""
     amp = getattr(graph, "amp", None)
     if amp is not None:
-        return L.BF16 if amp == "bf16" else L.F16
+        return {"bf16": L.BF16, "fp16": L.F16, "fp8": L.F8}.get(amp, L.F16)
     code = dtypes.parse(dtype)
     if code is None and dtypes.mostly(graph, (L.F16, L.BF16)):
         code = L.BF16 if dtypes.mostly(graph, (L.BF16,)) else L.F16

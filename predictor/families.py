@@ -202,6 +202,13 @@ def _addmm(bias: TensorMeta, a: TensorMeta, b: TensorMeta, *_, out=None, **__) -
     return _mm(a, b)
 
 
+@register(aten._scaled_mm)
+def _scaled_mm(a: TensorMeta, b: TensorMeta, *_, out=None, **__) -> list[Row]:
+    """A float8 GEMM (predictor.frontend.float8): its row's dtype is its
+    operands' one byte (`narrowest_float`), priced on float8 tensor cores."""
+    return _mm(a, b)
+
+
 @register(aten.bmm)
 def _bmm(a: TensorMeta, b: TensorMeta, *_, out=None, **__) -> list[Row]:
     (bs, m, k), (_, _, n) = a.shape, b.shape

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from predictor.errors import SpecError, UnknownGPUError
+from predictor.errors import InvalidArgumentError, SpecError, UnknownGPUError
 from predictor.io import MiB, printable, read_text
 from predictor.kernels import layout as L
 from predictor.kernels.precision import TC_FRACTION
@@ -368,6 +368,34 @@ def load_specs(path: str | Path) -> list[GPU]:
 
 def get(name: str | GPU) -> GPU:
     return database().get(name)
+
+
+def has_float8(gpu: GPU) -> bool:
+    """Whether the GPU has float8 tensor cores (a float8 rate at least twice
+    its fp32 one, as ``precision.tensor_core_peak`` requires; a spec without
+    ``fp8_tflops`` has its fp32 rate there)."""
+    f = gpu.features
+    return bool(f[L.G_FP8_TFLOPS] >= 1.9 * f[L.G_FP32_TFLOPS])
+
+
+def float8_gpus(chosen: list[GPU], asked) -> list[GPU]:
+    """The GPUs an ``amp="fp8"`` step is predicted on: of a default set or
+    'all' (`asked` None or "all"), those with float8 tensor cores; GPUs named
+    one by one must all have them (InvalidArgumentError naming those that do
+    not, and the ones that do)."""
+    lacking = [g for g in chosen if not has_float8(g)]
+    if not lacking:
+        return chosen
+    implicit = asked is None or (isinstance(asked, str) and asked.strip().lower() == "all")
+    kept = [g for g in chosen if has_float8(g)]
+    if implicit and kept:
+        return kept
+    capable = [g.id for g in database() if has_float8(g)]
+    raise InvalidArgumentError(
+        f"amp='fp8' runs float8 GEMMs (torch._scaled_mm), which need float8 tensor cores "
+        f"(compute capability 8.9 or newer, or AMD CDNA3); {', '.join(g.id for g in lacking)} "
+        f"{'has' if len(lacking) == 1 else 'have'} none: choose among {', '.join(capable)}, "
+        "or use amp='bf16'")
 
 
 def gpus(vendor: str | None = None):

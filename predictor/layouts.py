@@ -515,6 +515,8 @@ def predict_parallel(graph, gpu, batch: int, par: Parallel, checkpoint: str | No
         raise InvalidArgumentError(
             f"{graph.name} was traced with amp={amp!r}: its ops already have autocast's dtypes; "
             "drop dtype= (or trace without amp)")
+    if amp == "fp8":
+        hardware.float8_gpus([g], [g.id])
     tp, pp, dp, m, v = par.tp, par.pp, par.dp, par.microbatches, par.interleave
     ops = graph.ops
     groups = stages(lp.n_blocks, par)

@@ -264,7 +264,7 @@ class Graph:
     # Blocks, TP sharding and recomputation of the step (predictor.frontend.layout_pass);
     # None: not analysed (inference, ONNX, graphs saved before it existed).
     layout: LayoutProfile | None = field(default=None, repr=False)
-    # Mixed precision the step was traced under ("bf16", "fp16"; None: none),
+    # Mixed precision the step was traced under ("bf16", "fp16", "fp8"; None: none),
     # predictor.frontend.autocast.
     amp: str | None = None
 

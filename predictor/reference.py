@@ -465,6 +465,9 @@ def tensor_core_peak(family: int, dtype_code: int, gpu, params) -> float:
     elif dtype_code == L.F32 and family == L.MATMUL and params[R.P_TF32_MATMUL] > 0.5:
         p = gpu[L.G_TF32_TFLOPS]
         ok = p >= 1.9 * fp32
+    elif dtype_code == L.F8:
+        p = gpu[L.G_FP8_TFLOPS]
+        ok = p >= 1.9 * fp32
     else:
         return 0.0
     return p * 1e12 if ok else 0.0
@@ -472,7 +475,7 @@ def tensor_core_peak(family: int, dtype_code: int, gpu, params) -> float:
 
 def precision_mode(family: int, dtype_code: int, gpu, params) -> int:
     """precision.mode_of: 0 as is, 1 tensor core, 2 as an fp32 row."""
-    half = dtype_code in (L.F16, L.BF16)
+    half = dtype_code in (L.F16, L.BF16, L.F8)
     if _is_gemm(family):
         if tensor_core_peak(family, dtype_code, gpu, params) > 0.0:
             return 1
@@ -501,11 +504,11 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
         return launch + 1e-3
     sms = max(int(gpu[L.G_SMS]), 1)
     tiles = bt * _cdiv(m, P.TC_TILE_M) * _cdiv(n, P.TC_TILE_N)
-    step = P.K_STEP_TF32 if dtype_code == L.F32 else P.K_STEP_16
+    step = {L.F32: P.K_STEP_TF32, L.F8: P.K_STEP_8}.get(dtype_code, P.K_STEP_16)
     flops, elems = flops_and_elems(family, d)
     gemm_flops = 2.0 * bt * m * n * k
     ratio = min(flops / gemm_flops, 1.0)
-    a = 4 if dtype_code == L.F32 else 8
+    a = {L.F32: 4, L.F8: 16}.get(dtype_code, 8)
     if family == L.MATMUL:
         ok = d[3] % a == 0 and d[2] % a == 0 and (
             not (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) or d[1] % a == 0)

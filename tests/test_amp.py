@@ -89,8 +89,9 @@ def test_registrations_are_removed_after_the_trace():
 def test_amp_names_and_errors():
     assert autocast.check("BF16") == "bf16" and autocast.check("float16") == "fp16"
     assert autocast.check(None) is None and autocast.check("none") is None
+    assert autocast.check("float8") == "fp8"
     with pytest.raises(InvalidArgumentError, match="unknown amp"):
-        autocast.check("fp8")
+        autocast.check("int8")
 
 
 def test_amp_faster_than_fp32_on_tensor_core_gpus_and_saved():

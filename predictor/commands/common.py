@@ -53,9 +53,11 @@ def add_step_arguments(p: argparse.ArgumentParser, inference_help: str) -> None:
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
                    help="optimizer step to include (default: adam)")
     p.add_argument("--inference", action="store_true", help=inference_help)
-    p.add_argument("--amp", default=None, choices=["bf16", "fp16"],
+    p.add_argument("--amp", default=None, choices=["bf16", "fp16", "fp8"],
                    help="mixed precision as torch.autocast('cuda', dtype) runs it (fp16 with a "
-                        "GradScaler); default: none")
+                        "GradScaler; fp8: bf16 autocast with every nn.Linear whose dims are "
+                        "multiples of 16 in float8, torchao's tensorwise recipe, on GPUs with "
+                        "float8 tensor cores); default: none")
     p.add_argument("--memory-format", default=None, type=memory_format_arg,
                    metavar="{channels_last,contiguous}",
                    help="train with the model and inputs in this memory format "
@@ -152,7 +154,11 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     from predictor import dtypes, opmodel
     from predictor.kernels import layout as L
 
+    from predictor.frontend import float8
+
     out = list(getattr(graph, "notes", None) or [])
+    if float8.note(graph):
+        out.append(float8.note(graph))
     bf16 = dtype == "bfloat16" or dtype is None and (
         getattr(graph, "amp", None) == "bf16" or dtypes.mostly(graph, (L.BF16,)))
     outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])

@@ -76,10 +76,10 @@ def add_parser(sub) -> None:
                    help="predict a no-grad forward pass instead of a training step")
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
                    help="optimizer step to include (default: adam)")
-    p.add_argument("--amp", default=None, choices=["bf16", "fp16"],
+    p.add_argument("--amp", default=None, choices=["bf16", "fp16", "fp8"],
                    help="trace each candidate under mixed precision as "
-                        "torch.autocast('cuda', dtype) runs it (fp16 with a GradScaler); "
-                        "default: none")
+                        "torch.autocast('cuda', dtype) runs it (fp16 with a GradScaler; fp8: "
+                        "bf16 with float8 nn.Linear layers); default: none")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="run every floating-point op in this dtype (default: as traced)")
     p.add_argument("--tf32", action="store_true",

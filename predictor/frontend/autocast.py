@@ -52,10 +52,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from predictor.errors import InvalidArgumentError
+from predictor.frontend import float8
 
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: bf16 autocast with every eligible nn.Linear in float8 (torchao's
+# tensorwise recipe, predictor.frontend.float8).
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
-           "half": "fp16"}
+           "half": "fp16", "fp8": "fp8", "float8": "fp8"}
 
 # CUDA's autocast policy per aten op ("name" or "name.overload"), from
 # aten/src/ATen/autocast_mode.cpp (KERNEL_CUDA / AT_FORALL_* lists).
@@ -108,14 +111,14 @@ _LOCK = threading.Lock()
 
 
 def check(amp: Any) -> str | None:
-    """The canonical name of an ``amp=`` argument ("bf16", "fp16" or None)."""
+    """The canonical name of an ``amp=`` argument ("bf16", "fp16", "fp8" or None)."""
     if amp is None:
         return None
     key = str(amp).replace("torch.", "").strip().lower()
     if key in ("none", "off", "fp32", "float32", ""):
         return None
     if key not in ALIASES:
-        raise InvalidArgumentError(f"unknown amp {amp!r}; choose bf16, fp16 or none")
+        raise InvalidArgumentError(f"unknown amp {amp!r}; choose bf16, fp16, fp8 or none")
     return ALIASES[key]
 
 
@@ -147,8 +150,9 @@ class CudaAutocast:
     def __init__(self, amp: str):
         self.amp = check(amp)
         if self.amp is None:
-            raise InvalidArgumentError("CudaAutocast needs amp='bf16' or 'fp16'")
+            raise InvalidArgumentError("CudaAutocast needs amp='bf16', 'fp16' or 'fp8'")
         self.dtype = AMP_DTYPES[self.amp]
+        self.float8_linears = self.amp == "fp8"
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._lib = None
 
@@ -194,6 +198,12 @@ class CudaAutocast:
                 # composite is made of meet the policy one by one.
                 return op.decompose(*args, **kwargs)
             with torch._C._ExcludeDispatchKeyGuard(exclude):
+                if name == "linear" and self.float8_linears:
+                    v = {**dict(zip(("input", "weight", "bias"), args)), **kwargs}
+                    if float8.eligible(v["weight"]):
+                        # The fp32 master weight goes to float8 directly: no bf16 copy.
+                        return float8.linear(self._cast(v["input"], self.dtype), v["weight"],
+                                             self._cast(v.get("bias"), self.dtype))
                 if rule == "lower":
                     args, kwargs = self._cast(args, self.dtype), {
                         k: self._cast(v, self.dtype) for k, v in kwargs.items()}

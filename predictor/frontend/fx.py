@@ -420,10 +420,14 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         vision models, factories); for a model object its inputs set the
         shapes, and ``Graph.seq_len`` is their length: dim 1 of ``input_ids`` or
         of the first 2-D integer input (token ids), else None.
-    amp: "bf16" or "fp16": mixed precision as ``torch.autocast("cuda", dtype)``
+    amp: "bf16", "fp16" or "fp8": mixed precision as ``torch.autocast("cuda", dtype)``
         runs it (forward and loss under CUDA's autocast policy, fp32 master
         weights cast every step, the optimizer on fp32 weights; fp16 adds a
-        ``GradScaler``); None: every op in the model's own dtypes.
+        ``GradScaler``); "fp8": bf16 autocast with every ``nn.Linear`` whose
+        weight dims are multiples of 16 in float8, as torchao's
+        ``convert_to_float8_training`` (tensorwise scaling) runs it
+        (predictor.frontend.float8; predicted only on GPUs with float8
+        tensor cores); None: every op in the model's own dtypes.
     memory_format: "channels_last" or "contiguous": trace as if the model and
         its 4-D inputs had been converted with ``.to(memory_format=...)``
         (``torch.channels_last`` / NCHW, PyTorch's default); None: the memory

@@ -527,6 +527,11 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
                 f"{p}: the model only runs at batch {batch} (its shapes do not scale with the "
                 "batch); export it with a dynamic batch axis (torch.onnx.export(..., "
                 "dynamic_axes={'input': {0: 'batch'}})) to predict other batch sizes")
+    if amp == "fp8":
+        raise InvalidArgumentError(
+            f"{p}: amp='fp8' converts a PyTorch model's nn.Linear layers to float8 (torchao's "
+            "recipe), which an ONNX graph does not have; use amp='bf16', or trace the "
+            "PyTorch model")
     if amp is not None:
         halves = sorted({onnx.TensorProto.DataType.Name(i.data_type) for i in
                          model.graph.initializer if i.data_type in (

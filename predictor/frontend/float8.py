@@ -1,0 +1,115 @@
+"""Float8 training of ``nn.Linear`` layers, as ``amp="fp8"`` traces it.
+
+The recipe is torchao's ``convert_to_float8_training`` with its default
+(and fastest) "tensorwise" scaling, the one torchtitan's float8 runs use:
+every ``nn.Linear`` whose weight has both dims divisible by 16 runs its three
+GEMMs in float8 on the tensor cores (``torch._scaled_mm``), everything else as
+bf16 autocast runs it. One layer's step, as the trace records it:
+
+- forward: the input (bf16, autocast's cast) and the fp32 master weight are
+  each scaled by their own absolute maximum (one reduction over the tensor)
+  and cast to e4m3 (one kernel reading the tensor, writing one byte an
+  element); ``_scaled_mm`` multiplies them and writes bf16.
+- backward: the output gradient gets the same amax and cast, to e5m2; the
+  input gradient is the float8 GEMM of it with the float8 weight, the weight
+  gradient the float8 GEMM of its transpose with the float8 input.
+  ``_scaled_mm`` takes its first operand row-major and its second
+  column-major, so three float8 tensors are copied once into the other
+  layout (weight, input and output gradient; one byte read and written an
+  element each).
+- memory: the float8 input and weight are what the layer keeps for backward
+  (one byte an element, where bf16 autocast keeps two).
+
+What this leaves out, and which way it errs: torch.compile, which torchao
+asks for, fuses each amax into its cast and each layout copy into the cast
+that feeds it, so the trace's casts cost a little more than the compiled
+step's (about 5 bytes an element moved for the tensor, 4 fused), while
+eager bf16 steps are priced eagerly too; the scales' own scalar kernels (a
+few microseconds a layer) are not priced; rowwise scaling (per-row scales,
+slower), delayed scaling, float8 all-gather of FSDP and float8 attention
+(Transformer Engine's) are not modelled. ``torch._scaled_mm`` needs float8
+tensor cores (compute capability 8.9 and newer: Ada, Hopper, Blackwell; AMD
+CDNA3): predicting the step on other GPUs is refused (predictor.engine).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# torch._scaled_mm's rule for its operands: the reduction dim and the
+# output's columns a multiple of 16 (torchao's and torchtitan's filter skips
+# every Linear with a weight dim that is not).
+ALIGN = 16
+FORWARD = torch.float8_e4m3fn
+BACKWARD = torch.float8_e5m2
+
+
+def eligible(weight: object) -> bool:
+    """Whether a linear layer's weight is one torchao converts to float8."""
+    return (isinstance(weight, torch.Tensor) and weight.dim() == 2
+            and weight.shape[0] % ALIGN == 0 and weight.shape[1] % ALIGN == 0)
+
+
+def _to_float8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensorwise dynamic scaling: the absolute maximum (one reduction) and
+    the cast (one kernel); the scale itself is a scalar the GEMM reads."""
+    amax = torch.linalg.vector_norm(x, float("inf"))
+    return x.to(dtype), amax
+
+
+def _column_major(x: torch.Tensor) -> torch.Tensor:
+    """`x` as the column-major second operand of ``_scaled_mm`` (one copy)."""
+    return x.t().contiguous().t()
+
+
+class _Float8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        x8, _ = _to_float8(x2, FORWARD)
+        w8, _ = _to_float8(weight, FORWARD)
+        one = torch.ones((), dtype=torch.float32)
+        # The bias is added in the GEMM's epilogue (cuBLASLt's, as torch
+        # .compile's fusion of torchao's separate add would leave it: free).
+        y = torch._scaled_mm(x8, w8.t(), one, one,
+                             bias=None if bias is None else bias.to(x.dtype), out_dtype=x.dtype)
+        ctx.save_for_backward(x8, w8)
+        ctx.shapes = (lead, k, x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return y.reshape(*lead, weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x8, w8 = ctx.saved_tensors
+        lead, k, x_dtype, w_dtype, bias_dtype = ctx.shapes
+        g2 = grad.reshape(-1, grad.shape[-1])
+        g8, _ = _to_float8(g2, BACKWARD)
+        one = torch.ones((), dtype=torch.float32)
+        dx = torch._scaled_mm(g8, _column_major(w8), one, one, out_dtype=x_dtype)
+        dw = torch._scaled_mm(g8.t().contiguous(), _column_major(x8), one, one,
+                              out_dtype=w_dtype)
+        db = None if bias_dtype is None else g2.sum(0).to(bias_dtype)
+        return dx.reshape(*lead, k), dw, db
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` as a float8 layer: `x` in the autocast
+    dtype (bf16), `weight` the fp32 master weight."""
+    return _Float8Linear.apply(x, weight, bias)
+
+
+def note(graph) -> str | None:
+    """The one-line note every output format shows for an ``amp="fp8"`` step:
+    how many linear layers run in float8 and what the pricing leaves out."""
+    if getattr(graph, "amp", None) != "fp8":
+        return None
+    from predictor.kernels import layout as L
+
+    t = graph.ops
+    layers = sum(int(t.count[i]) for i in range(len(t.family))
+                 if t.op_names[t.op[i]] == "_scaled_mm" and t.phase[i] == L.FORWARD)
+    return (f"amp fp8: {layers} nn.Linear layers in float8 (torchao's tensorwise recipe: "
+            "weights with a dim not a multiple of 16 stay bf16); casts priced as eager "
+            "kernels, rowwise scaling and float8 attention or all-gathers not modelled; the "
+            "±err band is the tensor-core model's on published AMP/TF32 runs "
+            "(benchmarks/README, 'Float8 training')")

@@ -1,0 +1,146 @@
+"""amp="fp8": bf16 autocast with float8 nn.Linear layers (torchao's tensorwise
+recipe, predictor.frontend.float8), traced, priced on float8 tensor cores and
+refused where there are none."""
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import predictor
+from predictor.errors import InvalidArgumentError
+from predictor.kernels import layout as L
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def _mlp(d_in=1024, hidden=4096, d_out=1000):
+    """An eligible layer (dims multiples of 16) and an ineligible one (1000 is not)."""
+    def build():
+        m = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.GELU(),
+                                torch.nn.Linear(hidden, d_out))
+        return m, (torch.randn(8, d_in),)
+    return build
+
+
+def _rows(graph, op):
+    t = graph.ops
+    return [i for i in range(len(t.family)) if t.op_names[t.op[i]] == op]
+
+
+@pytest.fixture(scope="module")
+def fp8_train():
+    return predictor.trace(_mlp(), batch_size=8, amp="fp8", optimizer="adamw")
+
+
+def test_eligible_linears_run_three_float8_gemms(fp8_train):
+    g = fp8_train
+    scaled = _rows(g, "_scaled_mm")
+    assert len(scaled) == 3  # forward, input gradient, weight gradient
+    assert all(g.ops.dtype[i] == L.F8 and g.ops.family[i] == L.MATMUL for i in scaled)
+    assert sorted(L.PHASE_NAMES[g.ops.phase[i]] for i in scaled) == \
+        ["backward", "backward", "forward"]
+    # The 4096 -> 1000 layer stays a bf16 GEMM (1000 is not a multiple of 16).
+    bf16_gemms = [i for i in range(len(g.ops.family))
+                  if g.ops.family[i] == L.MATMUL and g.ops.dtype[i] == L.BF16]
+    assert len(bf16_gemms) == 3
+    # Each float8 layer's amax reductions: input, weight, output gradient.
+    assert len(_rows(g, "linalg_vector_norm")) == 3
+    inf = predictor.trace(_mlp(), batch_size=8, amp="fp8", mode="inference")
+    assert len(_rows(inf, "_scaled_mm")) == 1
+
+
+def test_float8_gemm_is_priced_on_float8_tensor_cores(fp8_train):
+    p = predictor.predict(fp8_train, "H100-SXM5-80GB", batch_size=4096)
+    ops = p.ops
+    scaled = ops[ops.op == "_scaled_mm"]
+    assert (scaled.dtype == "float8").all() and (scaled.basis == "analytical").all()
+    # Forward GEMM 4096 x 4096 x 1024: at most the float8 peak, at least the
+    # bf16 tensor cores' achievable rate would give.
+    flops = 2 * 4096 * 4096 * 1024
+    fwd = scaled[scaled.phase == "forward"].ms_each.iloc[0] * 1e-3
+    assert flops / fwd <= 1979e12 and flops / fwd > 989e12 * 0.8
+
+
+def test_large_linears_gain_and_small_ones_lose():
+    """The float8 GEMM halves the tensor-core time; the casts add memory
+    traffic that does not shrink with it: large layers gain, small lose."""
+    def ratio(d, batch):
+        def build():
+            return torch.nn.Sequential(torch.nn.Linear(d, 4 * d, bias=False),
+                                       torch.nn.Linear(4 * d, d, bias=False)), \
+                (torch.randn(8, d),)
+        t = {amp: predictor.predict(predictor.trace(build, batch_size=8, amp=amp,
+                                                    optimizer="none"),
+                                    "H100-SXM5-80GB", batch_size=batch).iteration_ms
+             for amp in ("bf16", "fp8")}
+        return t["bf16"] / t["fp8"]
+
+    assert ratio(4096, 8192) > 1.15
+    assert ratio(256, 256) < 1.0
+
+
+def test_gpus_without_float8_are_refused_by_name(fp8_train):
+    with pytest.raises(InvalidArgumentError, match=r"A100-SXM4-80GB has none.*H100-SXM5-80GB"):
+        predictor.predict(fp8_train, "A100-SXM4-80GB")
+    with pytest.raises(InvalidArgumentError, match="T4"):
+        predictor.sweep(fp8_train, ["T4", "H100-SXM5-80GB"], [64])
+    # The default set and 'all' keep the GPUs that have float8 tensor cores.
+    from predictor import hardware
+
+    for asked in (None, "all"):
+        res = predictor.sweep(fp8_train, asked, [64])
+        assert res.gpus and all(hardware.has_float8(hardware.get(g)) for g in res.gpus)
+    assert "MI300X" in predictor.sweep(fp8_train, "all", [64]).gpus
+    with pytest.raises(InvalidArgumentError, match="V100-SXM2-32GB has none"):
+        predictor.predict(fp8_train, "V100-SXM2-32GB", batch_size=8,
+                          parallel=predictor.Parallel(dp=2))
+
+
+def test_memory_matches_memtracker_on_the_same_step():
+    """The float8 inputs and weights kept for backward, and every transient
+    cast and layout copy, as torch's MemTracker counts them on the same step."""
+    from memory_validation import measure_step
+
+    build = _mlp(256, 1024, 200)
+    g = predictor.trace(build, batch_size=8, amp="fp8")
+    for batch in (8, 64):
+        measured = measure_step(lambda: build()[0], lambda b: (torch.randn(b, 256),),
+                                lambda out: out.float().mean(), batch, amp="fp8")
+        peak = int(g.memory.peak([batch], rounding=False, workspaces=False)[0][0])
+        assert peak == pytest.approx(measured, rel=0.02)
+
+
+def test_fp8_where_it_does_not_apply(tmp_path):
+    onnx = pytest.importorskip("onnx")  # noqa: F841
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16))
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation
+        torch.onnx.export(model, (torch.zeros(2, 16),), str(path), dynamo=False)
+    with pytest.raises(InvalidArgumentError, match="ONNX graph"):
+        predictor.trace(str(path), amp="fp8")
+    g = predictor.trace(_mlp(64, 64, 64), batch_size=4, amp="fp8")
+    with pytest.raises(InvalidArgumentError, match="calibrate the amp='bf16' trace"):
+        predictor.calibrate(g, device="cpu")
+
+
+def test_fp8_cli(capsys):
+    import json
+
+    from predictor import cli
+
+    assert cli.main(["predict", "bert-base", "-b", "4", "--seq-len", "128", "--amp", "fp8",
+                     "--gpus", "H100-SXM5-80GB,L4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["amp"] == "fp8" and [p["gpu"] for p in out["predictions"]] == \
+        ["H100-SXM5-80GB", "L4"]
+    # BERT-base: 6 linear layers a block (q, k, v, output, two MLP) x 12, the
+    # pooler and the MLM transform; the 30,522-word decoder is not a multiple of 16.
+    assert any("74 nn.Linear layers in float8" in n for n in out["notes"])
+    assert cli.main(["predict", "bert-base", "-b", "4", "--seq-len", "128", "--amp", "fp8",
+                     "--gpus", "A100-SXM4-80GB"]) != 0
+    err = capsys.readouterr().err
+    assert "A100-SXM4-80GB has none" in err and "Traceback" not in err
