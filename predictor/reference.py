@@ -516,6 +516,8 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
         g = max(d[9], 1)
         ok = (d[1] // g) % a == 0 and (d[4] // g) % a == 0
     eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
+    if dtype_code == L.F8:
+        eff *= P.FP8_FRACTION_RATIO
     per_k = 2.0 * P.TC_TILE_M * P.TC_TILE_N * ratio / (peak / sms * eff) * 1e6
     partial = 2.0 * P.TC_TILE_M * P.TC_TILE_N * 4.0 / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
 

@@ -144,3 +144,27 @@ def test_fp8_cli(capsys):
                      "--gpus", "A100-SXM4-80GB"]) != 0
     err = capsys.readouterr().err
     assert "A100-SXM4-80GB has none" in err and "Traceback" not in err
+    # A parallel layout over the default GPU set: those with float8 tensor
+    # cores, and the same notes as the single-GPU table.
+    assert cli.main(["predict", "bert-base", "-b", "4", "--seq-len", "128", "--amp", "fp8",
+                     "--dp", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["amp"] == "fp8" and {p["gpu"] for p in out["predictions"]} == \
+        {"L4", "H100-SXM5-80GB", "H200-SXM-141GB"}
+    assert any("74 nn.Linear layers in float8" in n for n in out["notes"])
+
+
+def test_published_speedup_rows_are_well_formed():
+    """benchmarks/fp8_published.py: every row on a GPU with float8 tensor
+    cores, a positive published speedup and a source; the linear
+    microbenchmark's large shape is predicted to gain and its small one to
+    lose, as published (the Llama rows are the benchmark's to run)."""
+    from benchmarks import fp8_published as fp
+
+    from predictor import hardware
+
+    for (m, k, n), speedup, src in fp.LINEARS:
+        assert min(m, k, n) > 0 and speedup > 0 and src.startswith("https://")
+    for name, seq, n, lb, ac, bf16, fp8, gpu, src in fp.LLAMA:
+        assert hardware.has_float8(hardware.get(gpu)) and fp8 > bf16 > 0 and src
+    assert fp.linear_speedup(4096, 8192, 16384) > 1.0 > fp.linear_speedup(1024, 2048, 1024)

@@ -235,10 +235,13 @@ def print_breakdown(pred, n: int) -> None:
 
 def run_layout(args, graph, gpus, par, ck) -> int:
     """One row per GPU type: the layout's time split and memory per GPU."""
-    from predictor import layouts
+    from predictor import hardware, layouts
 
+    if getattr(graph, "amp", None) == "fp8":
+        gpus = hardware.float8_gpus(gpus, args.gpus)
     preds = [layouts.predict_parallel(graph, g, graph.batch_size, par, ck, dtype=args.dtype,
                                       tf32=(args.tf32 or None, None)) for g in gpus]
+    lines = notes(graph, gpus, args.dtype)
     preds.sort(key=lambda p: p.iteration_ms)
     lp = graph.layout
     sharded = (f"tensor-parallel: {len(lp.column_parallel)} column- and {len(lp.row_parallel)} "
@@ -247,7 +250,8 @@ def run_layout(args, graph, gpus, par, ck) -> int:
                + (f", ops run whole: {lp.kept_whole}" if lp.kept_whole else ""))
     if args.json:
         print(json.dumps({"model": graph.name, "layout": par.describe(), "checkpoint": ck,
-                          "sharded": preds[0].sharded if preds else {},
+                          **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
+                          "sharded": preds[0].sharded if preds else {}, "notes": lines,
                           "predictions": [p.to_dict() for p in preds]}, indent=2))
         return 0
     if args.csv:
@@ -255,6 +259,7 @@ def run_layout(args, graph, gpus, par, ck) -> int:
 
         print(pd.DataFrame([p.to_dict() for p in preds]).drop(
             columns=["stage_memory_gb", "memory_parts_gb"]).to_csv(index=False), end="")
+        print_notes_stderr(lines)
         return 0
     from rich.table import Table
 
@@ -275,4 +280,6 @@ def run_layout(args, graph, gpus, par, ck) -> int:
     out = console()
     out.print(table)
     out.print(sharded)
+    for line in lines:
+        out.print(line, markup=False, style="dim")
     return 0

@@ -51,9 +51,11 @@ def eligible(weight: object) -> bool:
 
 
 def _to_float8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tensorwise dynamic scaling: the absolute maximum (one reduction) and
-    the cast (one kernel); the scale itself is a scalar the GEMM reads."""
-    amax = torch.linalg.vector_norm(x, float("inf"))
+    """Tensorwise dynamic scaling: the absolute maximum (one reduction, to an
+    fp32 scalar) and the cast (one kernel). The scale (the float8 maximum
+    over the amax) is one scalar operation that torch.compile folds into the
+    reduction; the amax stands in for it (same shape and dtype, no kernel)."""
+    amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
     return x.to(dtype), amax
 
 
@@ -67,26 +69,24 @@ class _Float8Linear(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
-        x8, _ = _to_float8(x2, FORWARD)
-        w8, _ = _to_float8(weight, FORWARD)
-        one = torch.ones((), dtype=torch.float32)
+        x8, sx = _to_float8(x2, FORWARD)
+        w8, sw = _to_float8(weight, FORWARD)
         # The bias is added in the GEMM's epilogue (cuBLASLt's, as torch
         # .compile's fusion of torchao's separate add would leave it: free).
-        y = torch._scaled_mm(x8, w8.t(), one, one,
+        y = torch._scaled_mm(x8, w8.t(), sx, sw,
                              bias=None if bias is None else bias.to(x.dtype), out_dtype=x.dtype)
-        ctx.save_for_backward(x8, w8)
+        ctx.save_for_backward(x8, w8, sx, sw)
         ctx.shapes = (lead, k, x.dtype, weight.dtype, None if bias is None else bias.dtype)
         return y.reshape(*lead, weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
-        x8, w8 = ctx.saved_tensors
+        x8, w8, sx, sw = ctx.saved_tensors
         lead, k, x_dtype, w_dtype, bias_dtype = ctx.shapes
         g2 = grad.reshape(-1, grad.shape[-1])
-        g8, _ = _to_float8(g2, BACKWARD)
-        one = torch.ones((), dtype=torch.float32)
-        dx = torch._scaled_mm(g8, _column_major(w8), one, one, out_dtype=x_dtype)
-        dw = torch._scaled_mm(g8.t().contiguous(), _column_major(x8), one, one,
+        g8, sg = _to_float8(g2, BACKWARD)
+        dx = torch._scaled_mm(g8, _column_major(w8), sg, sw, out_dtype=x_dtype)
+        dw = torch._scaled_mm(g8.t().contiguous(), _column_major(x8), sg, sx,
                               out_dtype=w_dtype)
         db = None if bias_dtype is None else g2.sum(0).to(bias_dtype)
         return dx.reshape(*lead, k), dw, db
