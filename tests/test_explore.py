@@ -172,6 +172,8 @@ def test_amp_traces_each_candidate_under_autocast():
     fp32 = explore(space, gpus=["H100-SXM5-80GB"], batch_sizes=[4096], workers=1)
     assert fp32.to_pandas()["iteration_ms"].iloc[0] != pytest.approx(amp_ms, rel=1e-3)
     with pytest.raises(InvalidArgumentError, match="unknown amp"):
+        explore(space, gpus=["T4"], amp="int8")
+    with pytest.raises(InvalidArgumentError, match="T4 has none"):
         explore(space, gpus=["T4"], amp="fp8")
     with pytest.raises(InvalidArgumentError, match="drop dtype"):
         explore(space, gpus=["T4"], amp="bf16", dtype="float16")

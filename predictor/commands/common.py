@@ -150,15 +150,13 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
     "notes" list; --csv: on stderr): how the step was traced, the GPUs asked
     for whose chip the op models were not trained on, ops of shapes no
     measured kernel covers (``opmodel.unmeasured_shape_notes``), and bf16
-    asked of GPUs without bf16 tensor cores."""
+    asked of GPUs without bf16 tensor cores; an amp="fp8" step's `float8_note`."""
     from predictor import dtypes, opmodel
     from predictor.kernels import layout as L
 
-    from predictor.frontend import float8
-
     out = list(getattr(graph, "notes", None) or [])
-    if float8.note(graph):
-        out.append(float8.note(graph))
+    fp8 = float8_note(graph)
+    out += [fp8] if fp8 else []
     bf16 = dtype == "bfloat16" or dtype is None and (
         getattr(graph, "amp", None) == "bf16" or dtypes.mostly(graph, (L.BF16,)))
     outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])
@@ -175,6 +173,24 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
                    "convolutions are predicted at the fp32 rate there, other ops at "
                    "bfloat16's halved memory traffic")
     return out
+
+
+def float8_note(graph) -> str | None:
+    """The one-line note every output format shows for an ``amp="fp8"`` step
+    (predictor.frontend.float8): how many linear layers run in float8 and
+    what the pricing leaves out (None for any other step)."""
+    if getattr(graph, "amp", None) != "fp8":
+        return None
+    from predictor.kernels import layout as L
+
+    t = graph.ops
+    layers = sum(int(t.count[i]) for i in range(len(t.family))
+                 if t.op_names[t.op[i]] == "_scaled_mm" and t.phase[i] == L.FORWARD)
+    return (f"amp fp8: {layers} nn.Linear layers in float8 (torchao's tensorwise recipe: "
+            "weights with a dim not a multiple of 16 stay bf16); casts priced as eager "
+            "kernels, rowwise scaling and float8 attention or all-gathers not modelled; the "
+            "±err band is the tensor-core model's on published AMP/TF32 runs "
+            "(benchmarks/README, 'Float8 training')")
 
 
 def print_notes_stderr(lines: Sequence[str]) -> None:

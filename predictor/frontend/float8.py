@@ -97,19 +97,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     dtype (bf16), `weight` the fp32 master weight."""
     return _Float8Linear.apply(x, weight, bias)
 
-
-def note(graph) -> str | None:
-    """The one-line note every output format shows for an ``amp="fp8"`` step:
-    how many linear layers run in float8 and what the pricing leaves out."""
-    if getattr(graph, "amp", None) != "fp8":
-        return None
-    from predictor.kernels import layout as L
-
-    t = graph.ops
-    layers = sum(int(t.count[i]) for i in range(len(t.family))
-                 if t.op_names[t.op[i]] == "_scaled_mm" and t.phase[i] == L.FORWARD)
-    return (f"amp fp8: {layers} nn.Linear layers in float8 (torchao's tensorwise recipe: "
-            "weights with a dim not a multiple of 16 stay bf16); casts priced as eager "
-            "kernels, rowwise scaling and float8 attention or all-gathers not modelled; the "
-            "±err band is the tensor-core model's on published AMP/TF32 runs "
-            "(benchmarks/README, 'Float8 training')")
