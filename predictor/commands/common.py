@@ -392,6 +392,18 @@ def add_calibration_argument(p) -> None:
                         "predicts that CPU only: --gpus cpu, the default with it)")
 
 
+def resolve_gpus(args: argparse.Namespace) -> list:
+    """--gpus as GPU records; for --amp fp8, of a default set or 'all' those
+    with float8 tensor cores (``hardware.float8_gpus``: GPUs named one by one
+    without them are an error)."""
+    from predictor import hardware
+
+    gpus = hardware.database().resolve(args.gpus)
+    if getattr(args, "amp", None) == "fp8":
+        gpus = hardware.float8_gpus(gpus, args.gpus)
+    return gpus
+
+
 def targets(args: argparse.Namespace) -> tuple[list, object]:
     """(devices, calibration), checked before tracing: the devices to predict as
     GPU records (--gpus resolved in the GPU database, or, with a CPU
@@ -402,7 +414,7 @@ def targets(args: argparse.Namespace) -> tuple[list, object]:
 
     path = getattr(args, "calibration", None)
     if not path:
-        return hardware.database().resolve(args.gpus), None
+        return resolve_gpus(args), None
     from predictor import calibrated
     from predictor.calibration.file import load
 

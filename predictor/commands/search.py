@@ -14,7 +14,7 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
                                        add_step_arguments, console, error_cell, load_graph,
                                        load_specs, notes, parse_batch_sizes, positive_int,
                                        precision_fields, precision_text,
-                                       print_notes_stderr)
+                                       print_notes_stderr, resolve_gpus)
 
 NAME = "search"
 
@@ -141,7 +141,6 @@ def _constraints(items: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from predictor import hardware
     from predictor.design_search import search
 
     if args.n_gpus is not None or args.global_batch is not None:
@@ -149,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node is None:
         args.gpus_per_node = 1
     load_specs(args.spec)
-    gpus = hardware.database().resolve(args.gpus)  # fail on a bad GPU before tracing
+    gpus = resolve_gpus(args)  # fail on a bad GPU before tracing
     prices = _prices(args.price)
     constraints = _constraints(args.constraint)
     if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
@@ -332,7 +331,6 @@ def layout_rows(args, graph, gpus) -> list[dict]:
 
 
 def run_layouts(args: argparse.Namespace) -> int:
-    from predictor import hardware
     from predictor.errors import InvalidArgumentError
 
     if args.n_gpus is None or args.global_batch is None:
@@ -349,7 +347,7 @@ def run_layouts(args: argparse.Namespace) -> int:
     load_specs(args.spec)
     if args.gpus == "all":
         args.gpus = LAYOUT_DEFAULT_GPU
-    gpus = hardware.database().resolve(args.gpus)
+    gpus = resolve_gpus(args)
     if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
         raise InvalidArgumentError(f"--report {args.report}: exists and is not a folder")
     # argument errors before the trace
