@@ -52,6 +52,33 @@ def test_eligible_linears_run_three_float8_gemms(fp8_train):
     assert len(_rows(inf, "_scaled_mm")) == 1
 
 
+def test_inference_stores_eligible_weights_in_float8():
+    """In inference the eligible layer's weight is stored in float8 (one byte
+    a parameter) and only its input is scaled and cast each call; the other
+    layer's weight stays fp32 (autocast's bf16 copy made each call)."""
+    from predictor import memory
+
+    inf = predictor.trace(_mlp(), batch_size=8, amp="fp8", mode="inference")
+    assert len(_rows(inf, "linalg_vector_norm")) == 1  # the input's amax only
+    params = inf.memory.category_bytes(memory.PARAMETERS)
+    assert params == 1024 * 4096 * 1 + 4096 * 4 + 4096 * 1000 * 4 + 1000 * 4
+    # A weight tied to an embedding is not converted (the lookup reads it).
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(64, 32)
+            self.head = torch.nn.Linear(32, 64, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    tied = predictor.trace(Tied(), (torch.zeros(2, 8, dtype=torch.long),), amp="fp8",
+                           mode="inference")
+    assert tied.memory.category_bytes(memory.PARAMETERS) == 64 * 32 * 4
+    assert len(_rows(tied, "_scaled_mm")) == 1
+
+
 def test_float8_gemm_is_priced_on_float8_tensor_cores(fp8_train):
     p = predictor.predict(fp8_train, "H100-SXM5-80GB", batch_size=4096)
     ops = p.ops

@@ -186,8 +186,9 @@ def float8_note(graph) -> str | None:
     t = graph.ops
     layers = sum(int(t.count[i]) for i in range(len(t.family))
                  if t.op_names[t.op[i]] == "_scaled_mm" and t.phase[i] == L.FORWARD)
-    return (f"amp fp8: {layers} nn.Linear layers in float8 (torchao's tensorwise recipe: "
-            "weights with a dim not a multiple of 16 stay bf16); casts priced as eager "
+    stored = ", their weights stored in float8" if graph.mode == "inference" else ""
+    return (f"amp fp8: {layers} nn.Linear layers in float8{stored} (torchao's tensorwise "
+            "recipe: weights with a dim not a multiple of 16 stay bf16); casts priced as eager "
             "kernels, rowwise scaling and float8 attention or all-gathers not modelled; the "
             "±err band is the tensor-core model's on published AMP/TF32 runs "
             "(benchmarks/README, 'Float8 training')")

@@ -19,6 +19,10 @@ bf16 autocast runs it. One layer's step, as the trace records it:
   element each).
 - memory: the float8 input and weight are what the layer keeps for backward
   (one byte an element, where bf16 autocast keeps two).
+- inference: the weights are stored in float8 (``stored_weights``), as
+  torchao's float8 inference quantization (``quantize_(model,
+  Float8DynamicActivationFloat8WeightConfig())``) stores them, one byte a
+  parameter; each call scales and casts its input only.
 
 What this leaves out, and which way it errs: torch.compile, which torchao
 asks for, fuses each amax into its cast and each layout copy into the cast
@@ -70,7 +74,8 @@ class _Float8Linear(torch.autograd.Function):
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
         x8, sx = _to_float8(x2, FORWARD)
-        w8, sw = _to_float8(weight, FORWARD)
+        # A stored float8 weight (inference) has its scale beside it, no cast.
+        w8, sw = (weight, sx) if weight.dtype == FORWARD else _to_float8(weight, FORWARD)
         # The bias is added in the GEMM's epilogue (cuBLASLt's, as torch
         # .compile's fusion of torchao's separate add would leave it: free).
         y = torch._scaled_mm(x8, w8.t(), sx, sw,
@@ -90,6 +95,24 @@ class _Float8Linear(torch.autograd.Function):
                               out_dtype=w_dtype)
         db = None if bias_dtype is None else g2.sum(0).to(bias_dtype)
         return dx.reshape(*lead, k), dw, db
+
+
+def stored_weights(module: torch.nn.Module, params: dict) -> dict:
+    """`params` (the module's fake parameters by name) with the weight of each
+    eligible ``nn.Linear`` in float8, for inference. A weight tied to
+    anything but such layers (an embedding shared with the output layer)
+    stays as it is: the embedding lookup reads it in its own dtype."""
+    holders: dict[int, list] = {}
+    for m in module.modules():
+        for pname, p in m.named_parameters(recurse=False):
+            holders.setdefault(id(p), []).append((m, pname))
+    out = dict(params)
+    for name, p in module.named_parameters():
+        held = holders.get(id(p), [])
+        if held and eligible(p) and all(isinstance(m, torch.nn.Linear) and pname == "weight"
+                                        for m, pname in held):
+            out[name] = torch.empty(tuple(p.shape), dtype=FORWARD)
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
-from predictor.frontend import autocast, blocks, layout_pass, memory_pass, optimizers
+from predictor.frontend import autocast, blocks, float8, layout_pass, memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
 from predictor.limits import check_batch_size, check_seq_len
 from predictor.lowering import is_channels_last, lower
@@ -337,6 +337,8 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
             raise InvalidArgumentError(
                 f"{spec.name}: the factory returned {type(module).__name__}, not an nn.Module")
         params, buffers = _fake_params(module, memory_format)
+        if amp == "fp8" and mode == "inference":
+            params = float8.stored_weights(module, params)
         inputs = _inputs_in_format(spec.inputs(batch), memory_format)
         spec.input_seq_len = _input_seq_len(inputs, batch)
         trainable = [k for k, p in params.items() if p.requires_grad]
