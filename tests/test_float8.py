@@ -213,3 +213,30 @@ def test_published_speedup_rows_are_well_formed():
     for name, seq, n, lb, ac, bf16, fp8, gpu, src in fp.LLAMA:
         assert hardware.has_float8(hardware.get(gpu)) and fp8 > bf16 > 0 and src
     assert fp.linear_speedup(4096, 8192, 16384) > 1.0 > fp.linear_speedup(1024, 2048, 1024)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "transformer", "gnmt", "bert-base", "gpt2"])
+def test_zoo_models_under_fp8(name):
+    """Zoo models trace under amp="fp8" in training and inference with nothing
+    unsupported, three float8 GEMMs a converted layer in training; models without an eligible nn.Linear (ResNet-50's 1000-class
+    head, GPT-2's Conv1D layers) are bf16 autocast's step, and say so."""
+    from predictor.commands.common import float8_note
+    from predictor import zoo
+
+    seq = zoo.get(name).default_seq_len and 64
+    per_mode = {}
+    for mode in ("train", "inference"):
+        g = predictor.trace(name, amp="fp8", mode=mode, seq_len=seq)
+        assert not g.unsupported
+        t = g.ops
+        per_mode[mode] = sum(int(t.count[i]) for i in _rows(g, "_scaled_mm"))
+        p = predictor.predict(g, "H100-SXM5-80GB")
+        assert p.iteration_ms > 0 and p.memory_gb > 0
+        if per_mode[mode] == 0:
+            bf16 = predictor.trace(name, amp="bf16", mode=mode, seq_len=seq)
+            assert predictor.predict(bf16, "H100-SXM5-80GB").iteration_ms == \
+                pytest.approx(p.iteration_ms, rel=1e-9)
+            assert "no nn.Linear layer" in float8_note(g)
+    # (BERT's training step has its masked-LM head's linear, inference a classifier.)
+    assert per_mode["train"] % 3 == 0 and (per_mode["train"] > 0) == (per_mode["inference"] > 0)
+    assert (per_mode["train"] > 0) == (name in ("transformer", "gnmt", "bert-base"))

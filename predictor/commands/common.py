@@ -186,6 +186,9 @@ def float8_note(graph) -> str | None:
     t = graph.ops
     layers = sum(int(t.count[i]) for i in range(len(t.family))
                  if t.op_names[t.op[i]] == "_scaled_mm" and t.phase[i] == L.FORWARD)
+    if layers == 0:
+        return ("amp fp8: no nn.Linear layer with both weight dims multiples of 16 (torchao "
+                "converts no other), so the step is amp bf16's")
     stored = ", their weights stored in float8" if graph.mode == "inference" else ""
     return (f"amp fp8: {layers} nn.Linear layers in float8{stored} (torchao's tensorwise "
             "recipe: weights with a dim not a multiple of 16 stay bf16); casts priced as eager "
