@@ -180,6 +180,8 @@ def test_fp8_cli(capsys):
                      "--gpus", "A100-SXM4-80GB"]) != 0
     err = capsys.readouterr().err
     assert "A100-SXM4-80GB has none" in err and "Traceback" not in err
+    assert cli.main(["calibrate", "bert-base", "--amp", "fp8", "-o", "x.cal.npz"]) != 0
+    assert "calibrate the step with --amp bf16" in capsys.readouterr().err
     # A parallel layout over the default GPU set: those with float8 tensor
     # cores, and the same notes as the single-GPU table.
     assert cli.main(["predict", "bert-base", "-b", "4", "--seq-len", "128", "--amp", "fp8",

@@ -73,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
     import predictor
 
     load_specs(args.spec)
+    if getattr(args, "amp", None) == "fp8":
+        from predictor.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("--amp fp8: calibration does not run torchao's float8 "
+                                   "kernels; calibrate the step with --amp bf16")
     threads = args.threads if args.threads is not None else default_threads(args.device)
     graph = trace_from_args(args)
     cal = predictor.calibrate(
