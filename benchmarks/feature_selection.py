@@ -137,10 +137,32 @@ CANDIDATES = {
     # over the transformed GEMM's compute time, and log2 of that compute time
     # (us). 0 for other rows. Tried 3 Dec 2026, not shipped (`--group conv`,
     # seed 0 / 1): 22.9 / 23.0 -> winoq,winot 23.0 / 23.5, all three 22.8.
+    # The share of the output tiles' area that is the GEMM's output under each
+    # candidate tile of `features.TILES` (tile quantisation along m and n): a
+    # random shape wastes up to half of it, an aligned one none, and an
+    # aligned shape looks like a lucky random one rather than lying outside
+    # the training range as the power-of-two alignment columns (11-13) do.
+    "pad32": lambda s: _tile_padding(s, 32, 32),
+    "pad64": lambda s: _tile_padding(s, 64, 64),
+    "pad128x64": lambda s: _tile_padding(s, 128, 64),
+    "pad128": lambda s: _tile_padding(s, 128, 128),
+    "pad256": lambda s: _tile_padding(s, 256, 128),
     "winoq": lambda s: _winograd_columns(s)[0],
     "winot": lambda s: _winograd_columns(s)[1],
     "winoc": lambda s: _winograd_columns(s)[2],
 }
+
+
+def _tile_padding(s: D.OpSamples, tm: int, tn: int) -> np.ndarray:
+    """The share of a GEMM's output tiles that is the output: m n over the
+    tiles' area, under a tm x tn tile (0 for rows that are not GEMMs)."""
+    out = np.zeros(len(s))
+    for i, (f, d) in enumerate(zip(s.family, s.dims)):
+        if f in (L.MATMUL, L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
+            _, m, n, _ = gemm_shape(int(f), d)
+            if m > 0 and n > 0:
+                out[i] = m * n / (-(-m // tm) * tm * -(-n // tn) * tn)
+    return out
 
 
 def _winograd_columns(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
