@@ -192,6 +192,19 @@ def test_fp8_cli(capsys):
     assert rows and all(hardware.has_float8(hardware.get(r["gpu"])) for r in rows)
 
 
+def test_saved_fp8_graph_keeps_the_float8_gpus(tmp_path, capsys):
+    """A graph saved under amp="fp8" and swept without --amp: the default set
+    keeps its float8 GPUs, as --amp fp8 does."""
+    import json
+
+    from predictor import cli
+
+    path = predictor.trace(_mlp(), batch_size=8, amp="fp8").save(tmp_path / "mlp.npz")
+    assert cli.main(["sweep", str(path), "--batch-sizes", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"] == ["L4", "H100-SXM5-80GB",
+                                                          "H200-SXM-141GB"]
+
+
 def test_published_speedup_rows_are_well_formed():
     """benchmarks/fp8_published.py: every row on a GPU with float8 tensor
     cores, a positive published speedup and a source; the linear

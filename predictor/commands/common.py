@@ -408,6 +408,16 @@ def resolve_gpus(args: argparse.Namespace) -> list:
     return gpus
 
 
+def gpus_for(graph, gpus: list, args: argparse.Namespace) -> list:
+    """`gpus` for a loaded graph: a graph saved under amp="fp8" (no --amp on
+    the command line) keeps the float8 GPUs as --amp fp8 does."""
+    if getattr(graph, "amp", None) == "fp8" and getattr(args, "amp", None) != "fp8":
+        from predictor import hardware
+
+        return hardware.float8_gpus(gpus, args.gpus)
+    return gpus
+
+
 def targets(args: argparse.Namespace) -> tuple[list, object]:
     """(devices, calibration), checked before tracing: the devices to predict as
     GPU records (--gpus resolved in the GPU database, or, with a CPU

@@ -14,7 +14,7 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
                                        add_step_arguments, console, error_cell, load_graph,
                                        load_specs, notes, parse_batch_sizes, positive_int,
                                        precision_fields, precision_text,
-                                       print_notes_stderr, resolve_gpus)
+                                       gpus_for, print_notes_stderr, resolve_gpus)
 
 NAME = "search"
 
@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise InvalidArgumentError(f"--report {args.report}: exists and is not a folder")
     graph = load_graph(args)
+    gpus = gpus_for(graph, gpus, args)
     result = search(graph, objective=args.objective, gpus=gpus,
                     batch_sizes=args.batch_sizes, max_memory_fraction=args.max_memory_fraction,
                     constraints=constraints, prices=prices, samples=args.samples,
@@ -355,6 +356,7 @@ def run_layouts(args: argparse.Namespace) -> int:
     _choices(args.checkpoint, "--checkpoint", _checkpoint)
     _prices(args.price)
     graph = load_graph(args)
+    gpus = gpus_for(graph, gpus, args)
     with console(stderr=True).status("pricing layouts ...", spinner="dots"):
         rows = layout_rows(args, graph, gpus)
     lines = notes(graph, gpus, args.dtype)

@@ -13,7 +13,7 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argume
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, json_records,
                                        load_graph, load_specs, notes, parse_batch_sizes,
-                                       precision_fields, precision_text, targets)
+                                       gpus_for, precision_fields, precision_text, targets)
 
 NAME = "sweep"
 
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     load_specs(args.spec)
     gpus, cal = targets(args)  # fail on a bad GPU or calibration before tracing
     graph = load_graph(args)
+    gpus = gpus_for(graph, gpus, args)
     if cal is not None:
         cal.check_graph(graph)
     if args.save_graph:
