@@ -181,6 +181,8 @@ def test_fp8_cli(capsys):
     assert out["amp"] == "fp8" and {p["gpu"] for p in out["predictions"]} == \
         {"L4", "H100-SXM5-80GB", "H200-SXM-141GB"}
     assert any("74 nn.Linear layers in float8" in n for n in out["notes"])
+    assert "amp fp8: T4, A10G, V100-SXM2-32GB, A100-SXM4-80GB left out (no float8 tensor " \
+        "cores)" in out["notes"]
     # sweep and search resolve their GPUs the same way.
     assert cli.main(["sweep", "bert-base", "--seq-len", "128", "--amp", "fp8",
                      "--batch-sizes", "8", "--json"]) == 0

@@ -145,18 +145,22 @@ def load_specs(files: Sequence[str]) -> None:
         hardware.load_specs(f)
 
 
-def notes(graph, gpus: Sequence = (), dtype: str | None = None) -> list[str]:
+def notes(graph, gpus: Sequence = (), dtype: str | None = None,
+          left_out: Sequence[str] = ()) -> list[str]:
     """One-line notes every output format shows (table: under it; --json: a
     "notes" list; --csv: on stderr): how the step was traced, the GPUs asked
     for whose chip the op models were not trained on, ops of shapes no
     measured kernel covers (``opmodel.unmeasured_shape_notes``), and bf16
-    asked of GPUs without bf16 tensor cores; an amp="fp8" step's `float8_note`."""
+    asked of GPUs without bf16 tensor cores; an amp="fp8" step's `float8_note`
+    and the GPUs of the set asked for it `left_out` (no float8 tensor cores)."""
     from predictor import dtypes, opmodel
     from predictor.kernels import layout as L
 
     out = list(getattr(graph, "notes", None) or [])
     fp8 = float8_note(graph)
     out += [fp8] if fp8 else []
+    if left_out:
+        out.append(f"amp fp8: {', '.join(left_out)} left out (no float8 tensor cores)")
     bf16 = dtype == "bfloat16" or dtype is None and (
         getattr(graph, "amp", None) == "bf16" or dtypes.mostly(graph, (L.BF16,)))
     outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])
@@ -396,25 +400,30 @@ def add_calibration_argument(p) -> None:
                         "predicts that CPU only: --gpus cpu, the default with it)")
 
 
+def _float8_only(gpus: list, args: argparse.Namespace) -> list:
+    """Of a default set or 'all', the GPUs with float8 tensor cores
+    (``hardware.float8_gpus``: GPUs named one by one without them are an
+    error); those left out go to ``args.left_out_gpus`` for the notes."""
+    from predictor import hardware
+
+    kept = hardware.float8_gpus(gpus, args.gpus)
+    args.left_out_gpus = [g.id for g in gpus if g not in kept]
+    return kept
+
+
 def resolve_gpus(args: argparse.Namespace) -> list:
-    """--gpus as GPU records; for --amp fp8, of a default set or 'all' those
-    with float8 tensor cores (``hardware.float8_gpus``: GPUs named one by one
-    without them are an error)."""
+    """--gpus as GPU records (for --amp fp8, those with float8 tensor cores)."""
     from predictor import hardware
 
     gpus = hardware.database().resolve(args.gpus)
-    if getattr(args, "amp", None) == "fp8":
-        gpus = hardware.float8_gpus(gpus, args.gpus)
-    return gpus
+    return _float8_only(gpus, args) if getattr(args, "amp", None) == "fp8" else gpus
 
 
 def gpus_for(graph, gpus: list, args: argparse.Namespace) -> list:
     """`gpus` for a loaded graph: a graph saved under amp="fp8" (no --amp on
     the command line) keeps the float8 GPUs as --amp fp8 does."""
     if getattr(graph, "amp", None) == "fp8" and getattr(args, "amp", None) != "fp8":
-        from predictor import hardware
-
-        return hardware.float8_gpus(gpus, args.gpus)
+        return _float8_only(gpus, args)
     return gpus
 
 

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     res = engine.sweep(graph, gpus, [graph.batch_size], dtype=args.dtype,
                        tf32_matmul=args.tf32 or None, calibration=cal)
     df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
-    lines = notes(graph, gpus, args.dtype) + memory_notes(res)
+    lines = (notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
+             + memory_notes(res))
     if cal is not None:
         from predictor.calibrated import extrapolation_note, transfer_note
 
@@ -235,13 +236,11 @@ def print_breakdown(pred, n: int) -> None:
 
 def run_layout(args, graph, gpus, par, ck) -> int:
     """One row per GPU type: the layout's time split and memory per GPU."""
-    from predictor import hardware, layouts
+    from predictor import layouts
 
-    if getattr(graph, "amp", None) == "fp8":
-        gpus = hardware.float8_gpus(gpus, args.gpus)
     preds = [layouts.predict_parallel(graph, g, graph.batch_size, par, ck, dtype=args.dtype,
                                       tf32=(args.tf32 or None, None)) for g in gpus]
-    lines = notes(graph, gpus, args.dtype)
+    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
     preds.sort(key=lambda p: p.iteration_ms)
     lp = graph.layout
     sharded = (f"tensor-parallel: {len(lp.column_parallel)} column- and {len(lp.row_parallel)} "

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     df = res.to_pandas()
     best = res.best("throughput")
     _add_cost(best, res)
-    lines = notes(graph, gpus, args.dtype)
+    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
     if cal is not None:
         from predictor.calibrated import extrapolation_note, transfer_note
 
