@@ -166,7 +166,7 @@ def _check_amp(graph: Graph, code: int | None, chosen, asked=None) -> list:
                           "convolutions are predicted emulated at the fp32 rate there; use "
                           "amp='fp16' on these GPUs", stacklevel=3)
     if amp == "fp8":
-        return hardware.float8_gpus(chosen, asked)
+        return hardware.float8_gpus(chosen, asked, warn=True)
     return chosen
 
 

@@ -470,7 +470,7 @@ def explore(space: Space, *, gpus: str | Iterable[str] = "T4", batch_sizes: Iter
                                    "gives every op its dtype; drop dtype= (or amp=)")
     chosen = hardware.database().resolve(gpus)
     if amp == "fp8":
-        chosen = hardware.float8_gpus(chosen, gpus)
+        chosen = hardware.float8_gpus(chosen, gpus, warn=True)
     overrides = design_search._resolve_prices(prices)
     chunk_size = _check_positive_int(chunk_size, "chunk_size")
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:

@@ -378,17 +378,23 @@ def has_float8(gpu: GPU) -> bool:
     return bool(f[L.G_FP8_TFLOPS] >= 1.9 * f[L.G_FP32_TFLOPS])
 
 
-def float8_gpus(chosen: list[GPU], asked) -> list[GPU]:
+def float8_gpus(chosen: list[GPU], asked, warn: bool = False) -> list[GPU]:
     """The GPUs an ``amp="fp8"`` step is predicted on: of a default set or
-    'all' (`asked` None or "all"), those with float8 tensor cores; GPUs named
-    one by one must all have them (InvalidArgumentError naming those that do
-    not, and the ones that do)."""
+    'all' (`asked` None or "all"), those with float8 tensor cores (with
+    `warn`, a warning naming the others); GPUs named one by one must all have
+    them (InvalidArgumentError naming those that do not, and the ones that
+    do)."""
     lacking = [g for g in chosen if not has_float8(g)]
     if not lacking:
         return chosen
     implicit = asked is None or (isinstance(asked, str) and asked.strip().lower() == "all")
     kept = [g for g in chosen if has_float8(g)]
     if implicit and kept:
+        if warn:
+            import warnings
+
+            warnings.warn(f"amp='fp8': {', '.join(g.id for g in lacking)} left out (no float8 "
+                          "tensor cores)", stacklevel=4)
         return kept
     capable = [g.id for g in database() if has_float8(g)]
     raise InvalidArgumentError(
