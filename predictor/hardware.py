@@ -429,6 +429,8 @@ def gpus(vendor: str | None = None):
             "memory_gb": per_device("memory_gb"), "memory_bw_gbs": per_device("memory_bw_gbs"),
             "fp32_tflops": per_device("fp32_tflops"), "tf32_tflops": per_device("tf32_tflops"),
             "fp16_tflops": per_device("fp16_tflops"), "bf16_tflops": per_device("bf16_tflops"),
+            # None: no float8 tensor cores (amp="fp8" is refused there).
+            "fp8_tflops": per_device("fp8_tflops") if has_float8(g) else None,
         }
         for basis, (prefix, _) in PRICE_BASES.items():
             p = g.price(basis)

@@ -122,6 +122,12 @@ def test_gpus_without_float8_are_refused_by_name(fp8_train):
             res = predictor.sweep(fp8_train, asked, [64])
         assert res.gpus and all(hardware.has_float8(hardware.get(g)) for g in res.gpus)
         assert "MI300X" in res.gpus or asked is None
+    # `predictor gpus` lists the float8 rate where there are float8 tensor cores.
+    table = predictor.gpus().set_index("id")["fp8_tflops"]
+    assert table["H100-SXM5-80GB"] == pytest.approx(1978.9)
+    assert set(table.dropna().index) == {g.id for g in hardware.database()
+                                         if hardware.has_float8(g)}
+    assert "A100-SXM4-80GB" in table.index and "A100-SXM4-80GB" not in table.dropna().index
     with pytest.raises(InvalidArgumentError, match="V100-SXM2-32GB has none"):
         predictor.predict(fp8_train, "V100-SXM2-32GB", batch_size=8,
                           parallel=predictor.Parallel(dp=2))

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"{plural(len(df), 'GPU')}, one PyTorch device each (dense peak TFLOP/s; "
                         "USD per GPU-hour)", title_justify="left")
     cols = [("id", "id"), ("memory_gb", "GB"), ("memory_bw_gbs", "GB/s"),
-            ("fp32_tflops", "fp32"), ("tf32_tflops", "tf32"), ("bf16_tflops", "bf16")]
+            ("fp32_tflops", "fp32"), ("tf32_tflops", "tf32"), ("bf16_tflops", "bf16"),
+            ("fp8_tflops", "fp8")]
     for key, label in cols:
         table.add_column(label, justify="left" if key == "id" else "right", no_wrap=True)
     table.add_column("$/h cloud", justify="right", no_wrap=True)
@@ -85,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         "where the op models learned from kernels measured on the GPU's chip; '-' where "
         "it is predicted from its spec sheet alone (README, 'How accurate'). ±err fp32: 90 % "
         "of measured fp32 iterations predicted the same way were within this (the narrower "
-        "band only on the boards whose own kernels trained the op models)."
+        "band only on the boards whose own kernels trained the op models). fp8: float8 "
+        "tensor cores, what --amp fp8 needs ('-': none)."
         + ("\nAMD: the tf32 column is the datasheet's; PyTorch on ROCm uses no TF32/xf32 for fp32 "
            "convolutions and matmuls by default, so they are predicted at the fp32 matrix rate."
            if (df["vendor"] == "amd").any() else ""), style="dim")
