@@ -307,6 +307,11 @@ def learned_time_us(family, dtype_code, d, gpu, params, ideal, eta):
     return max(ideal / eta, t_m / ACHIEVABLE_DRAM)
 
 
+# The most elements `forward_equivalent` gives a row (8 x this is 2**61,
+# predictor.limits.MAX_COUNT): far beyond any real tensor.
+FORWARD_EQUIVALENT_CAP = 2.0 ** 58
+
+
 @njit(cache=True)
 def forward_equivalent(family, d):
     """(family, dims) whose features a row is priced by. The data has no
@@ -321,7 +326,9 @@ def forward_equivalent(family, d):
         return family, d
     inner = max(d[L.MEM_INNER], 1)
     outer = max(d[L.MEM_OUTER], 1)
-    n = inner * outer
+    # In float and capped: a row's inner and outer dims are each checked
+    # (Graph.check_extent), their product is not, and 8 n must stay an int64.
+    n = int(min(float(inner) * float(outer), FORWARD_EQUIVALENT_CAP))
     f = np.zeros_like(d)
     f[L.MEM_INNER] = inner
     f[L.MEM_OUTER] = outer

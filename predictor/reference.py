@@ -320,7 +320,7 @@ def forward_equivalent(family: int, d):
     if family not in (L.SOFTMAX_BWD, L.LAYER_NORM_BWD):
         return family, d
     inner, outer = max(int(d[L.MEM_INNER]), 1), max(int(d[L.MEM_OUTER]), 1)
-    n = inner * outer
+    n = int(min(float(inner) * float(outer), features.FORWARD_EQUIVALENT_CAP))
     f = np.zeros_like(np.asarray(d))
     f[L.MEM_INNER], f[L.MEM_OUTER] = inner, outer
     if family == L.SOFTMAX_BWD:

@@ -437,3 +437,19 @@ def test_conv_with_fewer_channels_than_groups_is_finite(family):
     graph = _graph(_table([(family, 0, L.F32, 1, 1, row, np.zeros(L.MAX_DIMS, dtype=np.int64))]))
     for name in ("analytical", "learned"):
         _check(graph, ALL_GPUS, [1, 8, 64], mlp=WEIGHTS[name])
+
+
+def test_backward_row_reductions_cannot_overflow():
+    """A softmax or layer-norm backward row is priced as its forward over the
+    same inner and outer dims; those are checked one by one, not their
+    product, so a random table can make it pass int64 (8 x inner x outer).
+    Both the kernel and the reference cap it alike (features.FORWARD_EQUIVALENT_CAP)."""
+    from predictor.kernels import features as F
+
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    d[L.MEM_INNER], d[L.MEM_OUTER] = 1081565511, 2**31
+    for fam in (L.LAYER_NORM_BWD, L.SOFTMAX_BWD):
+        kf, kd = F.forward_equivalent(fam, d.copy())
+        rf, rd = reference.forward_equivalent(fam, d.copy())
+        assert kf == rf and list(kd) == [int(x) for x in rd]
+        assert 0 < kd[L.MEM_FLOPS] <= 2**61
