@@ -152,7 +152,6 @@ class CudaAutocast:
         if self.amp is None:
             raise InvalidArgumentError("CudaAutocast needs amp='bf16', 'fp16' or 'fp8'")
         self.dtype = AMP_DTYPES[self.amp]
-        self.float8_linears = self.amp == "fp8"
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._lib = None
 
@@ -198,7 +197,7 @@ class CudaAutocast:
                 # composite is made of meet the policy one by one.
                 return op.decompose(*args, **kwargs)
             with torch._C._ExcludeDispatchKeyGuard(exclude):
-                if name == "linear" and self.float8_linears:
+                if name == "linear" and self.amp == "fp8":
                     v = {**dict(zip(("input", "weight", "bias"), args)), **kwargs}
                     if float8.eligible(v["weight"]):
                         # The fp32 master weight goes to float8 directly: no bf16 copy.

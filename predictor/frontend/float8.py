@@ -33,7 +33,8 @@ few microseconds a layer) are not priced; rowwise scaling (per-row scales,
 slower), delayed scaling, float8 all-gather of FSDP and float8 attention
 (Transformer Engine's) are not modelled. ``torch._scaled_mm`` needs float8
 tensor cores (compute capability 8.9 and newer: Ada, Hopper, Blackwell; AMD
-CDNA3): predicting the step on other GPUs is refused (predictor.engine).
+CDNA3): predicting the step on other GPUs is refused
+(predictor.hardware.float8_gpus).
 """
 
 from __future__ import annotations
@@ -117,6 +118,6 @@ def stored_weights(module: torch.nn.Module, params: dict) -> dict:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` as a float8 layer: `x` in the autocast
-    dtype (bf16), `weight` the fp32 master weight."""
+    dtype (bf16), `weight` the fp32 master weight, or in inference the
+    float8 one `stored_weights` gave the layer."""
     return _Float8Linear.apply(x, weight, bias)
-
