@@ -111,14 +111,32 @@ def rewrites(family, dtype_code, params):
 
 
 @njit(cache=True)
+def has_tf32(gpu):
+    """Whether an fp32 matmul with TF32 allowed runs on tensor cores: NVIDIA
+    compute capability 8.0 or newer. cuBLAS picks its TF32 tensor-core
+    kernels by the math mode, not by comparing rates, so this holds on the
+    boards whose TF32 rate only equals their fp32 one (GA10x and AD10x
+    GeForce, A10G: the fp32-accumulate tensor rate is halved there, the
+    FP32 lanes doubled). There the tensor cores still win: torch.mm of
+    8000 x 8000 on an RTX 3090 Ti ran at 21 TFLOP/s in fp32, 33 in TF32 and
+    66 in fp16 (github.com/bewantbe/busy-gemm-benchmark, README; 3070
+    Laptop: 9.1 / 15.6 / 32.0), so TF32 reaches the same fraction of its
+    rated peak as fp16 (0.83 and 0.82 of 40 and 80), where the FFMA loop
+    reaches 0.52. (AMD rows have no compute capability: ROCm runs fp32 on
+    its matrix cores whatever the switch, predictor.hardware.)"""
+    tf32 = gpu[L.G_TF32_TFLOPS]
+    return gpu[L.G_CC_MAJOR] >= 8.0 and tf32 > 0.0 and tf32 >= 0.95 * gpu[L.G_FP32_TFLOPS]
+
+
+@njit(cache=True)
 def tensor_core_peak(family, dtype_code, gpu, params):
     """Tensor-core FLOP/s of this row on this GPU; 0 when it does not run on
     tensor cores. A dtype has tensor cores when its peak is well above the
     CUDA cores' fp32 rate: fp16 at 4x or more (Volta on), or at 2x with bf16
     at 2x too (GA10x boards, whose fp32 rate is doubled); bf16 at 2x or more;
-    TF32 at 2x or more (GA10x TF32 equals its fp32 rate: no gain); float8
-    at 2x or more (compute capability 8.9 on). P100's packed fp16 (2x, no
-    bf16) is not a tensor core."""
+    TF32 on every NVIDIA GPU of compute capability 8.0 or newer
+    (`has_tf32`); float8 at 2x or more (compute capability 8.9 on). P100's
+    packed fp16 (2x, no bf16) is not a tensor core."""
     if not _is_gemm(family):
         return 0.0
     # Datasheets round their peaks (RTX 3090: fp16 71 against fp32 35.6), so
@@ -133,7 +151,7 @@ def tensor_core_peak(family, dtype_code, gpu, params):
         ok = p >= twice
     elif dtype_code == L.F32 and family == L.MATMUL and params[P_TF32_MATMUL] > 0.5:
         p = gpu[L.G_TF32_TFLOPS]
-        ok = p >= twice
+        ok = p >= twice or has_tf32(gpu)
     elif dtype_code == L.F8:
         # A GPU without float8 has its fp32 rate there (predictor.hardware).
         p = gpu[L.G_FP8_TFLOPS]

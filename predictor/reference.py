@@ -464,7 +464,8 @@ def tensor_core_peak(family: int, dtype_code: int, gpu, params) -> float:
         ok = p >= 1.9 * fp32
     elif dtype_code == L.F32 and family == L.MATMUL and params[R.P_TF32_MATMUL] > 0.5:
         p = gpu[L.G_TF32_TFLOPS]
-        ok = p >= 1.9 * fp32
+        # precision.has_tf32: NVIDIA compute capability 8.0 on.
+        ok = p >= 1.9 * fp32 or (gpu[L.G_CC_MAJOR] >= 8.0 and p > 0.0 and p >= 0.95 * fp32)
     elif dtype_code == L.F8:
         p = gpu[L.G_FP8_TFLOPS]
         ok = p >= 1.9 * fp32

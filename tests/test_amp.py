@@ -244,6 +244,12 @@ def test_which_rows_use_tensor_cores():
     p[precision.P_TF32_MATMUL] = 1.0
     assert precision.mode_of(L.MATMUL, L.F32, _gpu("A100-SXM4-80GB"), p) == precision.TENSOR_CORE
     assert precision.mode_of(L.MATMUL, L.F32, _gpu("V100-SXM2-32GB"), p) == precision.AS_IS
+    assert precision.mode_of(L.MATMUL, L.F32, _gpu("T4"), p) == precision.AS_IS
+    # Boards whose TF32 rate only equals their fp32 one still run TF32 on
+    # tensor cores (precision.has_tf32); ROCm's fp32 stays as it is.
+    for gpu in ("RTX-3090", "RTX-4090", "A10G"):
+        assert precision.mode_of(L.MATMUL, L.F32, _gpu(gpu), p) == precision.TENSOR_CORE, gpu
+    assert precision.mode_of(L.MATMUL, L.F32, _gpu("MI250X"), p) == precision.AS_IS
     # Half-precision memory-bound rows: the fp32 model at the same bytes.
     d = np.array([1000, 1000, 1000, 10, 100, 0, 0, 0, 0, 0, 0, 0], dtype=np.int64)
     out = np.empty_like(d)
@@ -256,6 +262,13 @@ def test_tf32_matmul_switch_speeds_up_fp32_matmuls():
     off = predictor.predict(g, "A100-SXM4-80GB")
     on = predictor.predict(g, "A100-SXM4-80GB", tf32_matmul=True)
     assert on.iteration_ms < off.iteration_ms
+    # On a GeForce board TF32's rated peak is its fp32 one, but the tensor
+    # cores reach more of it than the FFMA loop does.
+    off = predictor.predict(g, "RTX-3090")
+    on = predictor.predict(g, "RTX-3090", tf32_matmul=True)
+    assert on.iteration_ms < 0.8 * off.iteration_ms
+    t4 = predictor.predict(g, "T4")
+    assert predictor.predict(g, "T4", tf32_matmul=True).iteration_ms == pytest.approx(t4.iteration_ms)
 
 
 # ---------------------------------------------------------------- ONNX under autocast
