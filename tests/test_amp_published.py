@@ -81,3 +81,12 @@ def test_memory_format_of_each_publisher():
         fmt = ap.memory_format(model, prec, source)
         nvidia_amp_cnn = ap.publisher(source) == "NVIDIA" and model == "resnet50" and prec == "amp"
         assert fmt == ("channels_last" if nvidia_amp_cnn else None), (model, gpu, prec, source)
+
+
+def test_bert_amp_rows_are_traced_as_their_script_runs_them():
+    # DeepLearningExamples' run_squad.py: apex amp O2 (a 16-bit model); the
+    # ResNet-50 AMP runs are torch.autocast; fp32 and TF32 rows are fp32.
+    assert ap.program("bert-large-squad", "amp") == "o2"
+    assert ap.program("resnet50", "amp") == "autocast"
+    assert ap.program("bert-large-squad", "tf32") == "fp32"
+    assert ap.program("resnet50", "fp32") == "fp32"
