@@ -63,6 +63,25 @@ def test_titles_and_json_say_the_precision(capsys):
     assert header.endswith(",precision") and row.endswith(",amp bf16")
 
 
+def test_tf32_says_where_it_does_not_apply(capsys):
+    """--tf32 on a GPU without TF32 tensor cores, or on a half-precision step,
+    changes nothing: a note says so in the table, --json and --csv (stderr)."""
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "T4,A100-SXM4-80GB",
+                     "--tf32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    note = [n for n in out["notes"] if n.startswith("--tf32")]
+    assert len(note) == 1 and "on T4:" in note[0] and "A100" not in note[0]
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "MI300X", "--tf32", "--csv"]) == 0
+    assert "--tf32 does not apply on MI300X" in capsys.readouterr().err
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "A100-SXM4-80GB", "--tf32",
+                     "--amp", "bf16"]) == 0
+    assert "--tf32 changes nothing here" in capsys.readouterr().out
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "A100-SXM4-80GB", "--tf32",
+                     "--json"]) == 0
+    assert not [n for n in json.loads(capsys.readouterr().out)["notes"]
+                if n.startswith("--tf32")]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["predict", "no-such-model"], "unknown model"),
     (["predict", "resnet50", "--gpus", "H10"], "unknown GPU"),

@@ -146,13 +146,14 @@ def load_specs(files: Sequence[str]) -> None:
 
 
 def notes(graph, gpus: Sequence = (), dtype: str | None = None,
-          left_out: Sequence[str] = ()) -> list[str]:
+          left_out: Sequence[str] = (), tf32: bool = False) -> list[str]:
     """One-line notes every output format shows (table: under it; --json: a
     "notes" list; --csv: on stderr): how the step was traced, the GPUs asked
     for whose chip the op models were not trained on, ops of shapes no
     measured kernel covers (``opmodel.unmeasured_shape_notes``), and bf16
     asked of GPUs without bf16 tensor cores; an amp="fp8" step's `float8_note`
-    and the GPUs of the set asked for it `left_out` (no float8 tensor cores)."""
+    and the GPUs of the set asked for it `left_out` (no float8 tensor cores);
+    --tf32 where it does not apply (`tf32_note`)."""
     from predictor import dtypes, opmodel
     from predictor.kernels import layout as L
 
@@ -176,7 +177,32 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
         out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "
                    "convolutions are predicted at the fp32 rate there, other ops at "
                    "bfloat16's halved memory traffic")
+    t = tf32_note(graph, gpus, dtype) if tf32 else None
+    out += [t] if t else []
     return out
+
+
+def tf32_note(graph, gpus: Sequence, dtype: str | None = None) -> str | None:
+    """The note for --tf32 where it changes nothing: a step whose matmuls run
+    in half precision (amp, or a 16-bit --dtype), or GPUs without TF32 tensor
+    cores (``precision.has_tf32``: NVIDIA compute capability 8.0 on), whose
+    fp32 matmuls stay plain fp32. None where it applies everywhere."""
+    from predictor import dtypes
+    from predictor.kernels import layout as L
+    from predictor.kernels.precision import has_tf32
+
+    amp = getattr(graph, "amp", None)
+    half = dtype in ("float16", "bfloat16") or amp is not None or dtype is None and \
+        dtypes.mostly(graph, (L.F16, L.BF16))
+    if half:
+        how = f"amp {amp}" if amp is not None else (dtype or "as traced")
+        return f"--tf32 changes nothing here: the step's matmuls run in half precision ({how})"
+    lacking = [g.id for g in gpus if not has_tf32(g.features)]
+    if not lacking:
+        return None
+    return (f"--tf32 does not apply on {', '.join(lacking)}: no TF32 tensor cores that "
+            "PyTorch uses (NVIDIA compute capability 8.0 on; ROCm keeps fp32), so their fp32 "
+            "matmuls are predicted as plain fp32")
 
 
 def float8_note(graph) -> str | None:

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     res = engine.sweep(graph, gpus, [graph.batch_size], dtype=args.dtype,
                        tf32_matmul=args.tf32 or None, calibration=cal)
     df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
-    lines = (notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
+    lines = (notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
+                  getattr(args, "tf32", False))
              + memory_notes(res))
     if cal is not None:
         from predictor.calibrated import extrapolation_note, transfer_note
@@ -240,7 +241,8 @@ def run_layout(args, graph, gpus, par, ck) -> int:
 
     preds = [layouts.predict_parallel(graph, g, graph.batch_size, par, ck, dtype=args.dtype,
                                       tf32=(args.tf32 or None, None)) for g in gpus]
-    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
+    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
+                  getattr(args, "tf32", False))
     preds.sort(key=lambda p: p.iteration_ms)
     lp = graph.layout
     sharded = (f"tensor-parallel: {len(lp.column_parallel)} column- and {len(lp.row_parallel)} "

@@ -170,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
 
         with console(stderr=True).status("writing the report ...", spinner="dots"):
             report = write_report(result, args.report, graph, precision=precision)
-    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
+    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
+                  getattr(args, "tf32", False))
     if args.json:
         print(json.dumps({**result.to_dict(),
                           **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
@@ -359,7 +360,8 @@ def run_layouts(args: argparse.Namespace) -> int:
     gpus = gpus_for(graph, gpus, args)
     with console(stderr=True).status("pricing layouts ...", spinner="dots"):
         rows = layout_rows(args, graph, gpus)
-    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
+    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
+                  getattr(args, "tf32", False))
     meta = {"model": graph.name, "n_gpus": args.n_gpus, "global_batch": args.global_batch,
             "objective": args.objective, "gpus_per_node": args.gpus_per_node or 8,
             "max_memory_fraction": args.max_memory_fraction, "amp": getattr(graph, "amp", None),

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     df = res.to_pandas()
     best = res.best("throughput")
     _add_cost(best, res)
-    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()))
+    lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
+                  getattr(args, "tf32", False))
     if cal is not None:
         from predictor.calibrated import extrapolation_note, transfer_note
 
