@@ -82,6 +82,25 @@ def test_tf32_says_where_it_does_not_apply(capsys):
                 if n.startswith("--tf32")]
 
 
+def test_options_that_change_nothing_say_so(capsys):
+    """A memory format for a model without convolutions and fp16 on GPUs
+    without fp16 tensor cores get a note; an optimizer for an inference pass
+    is an error."""
+    assert cli.main(["predict", "transformer", "-b", "2", "--gpus", "A100-SXM4-80GB",
+                     "--memory-format", "nhwc", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("changes nothing here" in n and "no convolutions" in n for n in notes)
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "P4,T4", "--dtype", "float16",
+                     "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    fp16 = [n for n in notes if n.startswith("no fp16 tensor cores")]
+    assert len(fp16) == 1 and "on P4:" in fp16[0] and "T4" not in fp16[0]
+    assert cli.main(["predict", "dcgan", "-b", "8", "--gpus", "T4", "--inference",
+                     "--optimizer", "sgd"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not apply to --inference" in err[0]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["predict", "no-such-model"], "unknown model"),
     (["predict", "resnet50", "--gpus", "H10"], "unknown GPU"),

@@ -177,9 +177,26 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
         out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "
                    "convolutions are predicted at the fp32 rate there, other ops at "
                    "bfloat16's halved memory traffic")
+    fp16 = dtype == "float16" or dtype is None and (
+        getattr(graph, "amp", None) == "fp16" or dtypes.mostly(graph, (L.F16,)))
+    lacking = [g.id for g in gpus if fp16 and not _has_fp16_tensor_cores(g)]
+    if lacking:
+        out.append(f"no fp16 tensor cores on {', '.join(lacking)}: float16 matmuls and "
+                   "convolutions are predicted at the GPU's CUDA-core half-precision rate there "
+                   "(at most twice fp32), other ops at float16's halved memory traffic")
     t = tf32_note(graph, gpus, dtype) if tf32 else None
     out += [t] if t else []
     return out
+
+
+def _has_fp16_tensor_cores(gpu) -> bool:
+    """Whether fp16 GEMMs run on tensor cores on `gpu` (the pricing's own rule,
+    ``precision.tensor_core_peak``)."""
+    from predictor.engine import model_params
+    from predictor.kernels import layout as L
+    from predictor.kernels.precision import tensor_core_peak
+
+    return tensor_core_peak(L.MATMUL, L.F16, gpu.features, model_params()) > 0.0
 
 
 def tf32_note(graph, gpus: Sequence, dtype: str | None = None) -> str | None:
@@ -285,6 +302,11 @@ def trace_from_args(args: argparse.Namespace):
     import predictor
 
     mode = "inference" if getattr(args, "inference", False) else "train"
+    if mode == "inference" and getattr(args, "optimizer", "adam") != "adam":
+        from predictor.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"--optimizer {args.optimizer} does not apply to --inference: "
+                                   "an inference pass has no optimizer step")
     optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
     from predictor.io import markup_safe
 

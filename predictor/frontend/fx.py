@@ -505,10 +505,20 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     # How to build and feed the model for real (calibration runs the real step);
     # an attribute, not a field: callables are not saved with the graph.
     graph.source = spec
+    if memory_format is not None and not _has_convolutions(lowered.table):
+        notes.append(f"memory_format={memory_format!r} changes nothing here: {spec.name} has "
+                     "no convolutions (only they are priced by memory format)")
     # One-line notes on how the step was traced (e.g. NO_CACHE_NOTE), for the
     # CLI and the user; an attribute, not saved with the graph.
     graph.notes = notes
     return graph
+
+
+def _has_convolutions(table) -> bool:
+    """Whether an op table has a convolution row (forward or backward)."""
+    from predictor.kernels import layout as L
+
+    return any(int(f) in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD) for f in set(table.family.tolist()))
 
 
 def _small_tracer(mode: str, optimizer: str | None, amp: str | None, sentinel: int | None):
