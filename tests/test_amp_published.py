@@ -90,3 +90,13 @@ def test_bert_amp_rows_are_traced_as_their_script_runs_them():
     assert ap.program("resnet50", "amp") == "autocast"
     assert ap.program("bert-large-squad", "tf32") == "fp32"
     assert ap.program("resnet50", "fp32") == "fp32"
+
+
+def test_implied_startup_is_the_timed_window_less_101_predicted_steps():
+    rows = [{"model": "bert-large-squad", "gpu": "X", "precision": "amp", "batch": 10,
+             "published": 10.0, "predicted": 20.0, "source": ap.LAMBDA_AMP},
+            {"model": "resnet50", "gpu": "X", "precision": "amp", "batch": 10,
+             "published": 10.0, "predicted": 20.0, "source": ap.LAMBDA_AMP}]
+    (r,) = ap.implied_startup(rows)
+    # 100 steps at 1 s published = 100 s timed; 101 predicted steps of 0.5 s.
+    assert r["timed_s"] == pytest.approx(100.0) and r["outside_s"] == pytest.approx(49.5)
