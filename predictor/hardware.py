@@ -166,13 +166,32 @@ def chip_key(architecture, sms) -> float:
     return float(1 + zlib.crc32(f"{architecture.strip().lower()}:{int(sms)}".encode()))
 
 
+def _check_compute_capability(value, where: str) -> None:
+    """A spec's compute_capability: absent, a version such as "8.0" (or 8.0,
+    8) between 1 and 99, or a vendor's target name such as "gfx942"; a
+    number outside that (inf, nan, -1, a boolean) is an error naming the
+    entry."""
+    if value is None:
+        return
+    bad = isinstance(value, bool) or not isinstance(value, (str, int, float))
+    if not bad:
+        try:
+            number = float(value)
+        except ValueError:
+            number = None  # a target name: no NVIDIA version
+        bad = number is not None and not (1.0 <= number < 100.0)  # NaN fails too
+    if bad:
+        raise SpecError(f"{where}: field 'compute_capability' must be a version such as "
+                        f"\"8.0\" (or a target name such as \"gfx942\"), got {value!r}")
+
+
 def cc_major(compute_capability) -> int:
     """The major of a compute capability ("8.0", 8.0 or 8); 0 when there is
     none (an AMD gfx target: the GEMM tile rule then knows no architecture of
     it)."""
     try:
         return int(float(compute_capability))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 
@@ -214,6 +233,7 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
     missing = [k for k in REQUIRED if k not in spec]
     if missing:
         raise SpecError(f"{where}: missing required field(s) {', '.join(missing)}")
+    _check_compute_capability(spec.get("compute_capability"), where)
     f = np.zeros(L.N_GPU_FEATURES)
     for key, col in REQUIRED.items():
         f[col] = _number(spec, key, where)

@@ -142,6 +142,7 @@ EXPECTED_REFUSAL = {
     "spec-r2-nested-arrays.toml": "nested too deeply",
     "spec-r2-id-control-chars.toml": "control characters",
     "spec-r2-id-too-long.toml": "characters long",
+    "spec-r2-compute-capability-inf.toml": "compute_capability",
     "prices-r2-nested.json": "nested too deeply",
     "prices-r2-nested.toml": "nested too deeply",
     "prices-r2-price-1e308.toml": "price",
@@ -450,6 +451,8 @@ def _texts() -> dict[str, bytes]:
         "spec-r2-id-mathtext.toml": gpu.format(id='"D$\\\\foo$"').encode(),
         "spec-r2-id-control-chars.toml": gpu.format(id='"\\u001b[2J\\u001b]0;T\\u0007"').encode(),
         "spec-r2-id-too-long.toml": gpu.format(id='"' + "x" * 5000 + '"').encode(),
+        "spec-r2-compute-capability-inf.toml":
+            (gpu.format(id='"cc"') + "compute_capability = inf\n").encode(),
         "prices-r2-nested.json": deep.encode(),
         "prices-r2-nested.toml": f"T4 = {deep}\n".encode(),
         "prices-r2-price-1e308.toml": b"T4 = 1e308\n",
