@@ -67,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
     warnings.formatwarning = _one_line_warning
+    from predictor.errors import NotApplicableWarning
+
+    # Every output format carries these as notes (commands.common.notes).
+    warnings.filterwarnings("ignore", category=NotApplicableWarning)
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -118,6 +118,14 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
     batches = _batches(graph, batch_sizes)
     code = dtypes.parse(dtype)
     chosen = _check_amp(graph, code, chosen, gpus)
+    if tf32_matmul:
+        note = tf32_note(graph, chosen, code)
+        if note:
+            import warnings
+
+            from predictor.errors import NotApplicableWarning
+
+            warnings.warn(note, NotApplicableWarning, stacklevel=2)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     feats = db.features(chosen)
     params = model_params(tf32_matmul, tf32_conv)
@@ -142,6 +150,28 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
                        max_memory_fraction=max_memory_fraction, seq_len=graph.seq_len,
                        standing=standing,
                        error_p90_pct=[expected_error.p90_pct(s) for s in standing])
+
+
+def tf32_note(graph: Graph, gpus, code: int | None = None) -> str | None:
+    """What TF32 matmuls change nothing for, in one sentence (None where they
+    apply to every GPU of `gpus`): a step whose matmuls run in half precision
+    (autocast, or a 16-bit `code`), or GPUs without TF32 tensor cores that
+    PyTorch uses (``precision.has_tf32``: NVIDIA compute capability 8.0 on),
+    whose fp32 matmuls stay plain fp32."""
+    amp = getattr(graph, "amp", None)
+    half = amp is not None or code in (L.F16, L.BF16) or code is None and \
+        dtypes.mostly(graph, (L.F16, L.BF16))
+    if half:
+        how = f"amp {amp}" if amp is not None else dtypes.name(code) if code is not None \
+            else "as traced"
+        return ("TF32 matmuls (--tf32, tf32_matmul=True) change nothing here: the step's "
+                f"matmuls run in half precision ({how})")
+    lacking = [g.id for g in gpus if not precision.has_tf32(g.features)]
+    if not lacking:
+        return None
+    return (f"TF32 matmuls (--tf32, tf32_matmul=True) do not apply on {', '.join(lacking)}: "
+            "no TF32 tensor cores that PyTorch uses (NVIDIA compute capability 8.0 on; ROCm "
+            "keeps fp32), so their fp32 matmuls are predicted as plain fp32")
 
 
 def _check_amp(graph: Graph, code: int | None, chosen, asked=None) -> list:

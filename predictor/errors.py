@@ -73,3 +73,9 @@ class MissingExtraError(PredictorError, ImportError):
     def __init__(self, package: str, extra: str, needed_for: str):
         super().__init__(f"{needed_for} need the {package} package: "
                          f"pip install 'dnn-predictor[{extra}]'", name=package)
+
+
+class NotApplicableWarning(UserWarning):
+    """An option that changes nothing for the step or some of the GPUs asked
+    about (TF32 matmuls on a GPU without TF32 tensor cores). The Python API
+    warns; the command line shows the same sentence as a note instead."""

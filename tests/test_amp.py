@@ -10,7 +10,7 @@ import torch
 
 import predictor
 from predictor import zoo
-from predictor.errors import InvalidArgumentError
+from predictor.errors import InvalidArgumentError, NotApplicableWarning
 from predictor.frontend import autocast
 from predictor.kernels import layout as L
 from predictor.kernels import precision
@@ -268,7 +268,13 @@ def test_tf32_matmul_switch_speeds_up_fp32_matmuls():
     on = predictor.predict(g, "RTX-3090", tf32_matmul=True)
     assert on.iteration_ms < 0.8 * off.iteration_ms
     t4 = predictor.predict(g, "T4")
-    assert predictor.predict(g, "T4", tf32_matmul=True).iteration_ms == pytest.approx(t4.iteration_ms)
+    # No TF32 tensor cores on a T4: the same prediction, and a warning saying so.
+    with pytest.warns(NotApplicableWarning, match="do not apply on T4"):
+        same = predictor.predict(g, "T4", tf32_matmul=True)
+    assert same.iteration_ms == pytest.approx(t4.iteration_ms)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NotApplicableWarning)
+        predictor.predict(g, "A100-SXM4-80GB", tf32_matmul=True)
 
 
 # ---------------------------------------------------------------- ONNX under autocast

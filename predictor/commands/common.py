@@ -200,26 +200,12 @@ def _has_fp16_tensor_cores(gpu) -> bool:
 
 
 def tf32_note(graph, gpus: Sequence, dtype: str | None = None) -> str | None:
-    """The note for --tf32 where it changes nothing: a step whose matmuls run
-    in half precision (amp, or a 16-bit --dtype), or GPUs without TF32 tensor
-    cores (``precision.has_tf32``: NVIDIA compute capability 8.0 on), whose
-    fp32 matmuls stay plain fp32. None where it applies everywhere."""
-    from predictor import dtypes
-    from predictor.kernels import layout as L
-    from predictor.kernels.precision import has_tf32
+    """The note for --tf32 where it changes nothing (``engine.tf32_note``:
+    a half-precision step, or GPUs without TF32 tensor cores). The Python
+    API's warning says the same; the command line shows it as a note."""
+    from predictor import dtypes, engine
 
-    amp = getattr(graph, "amp", None)
-    half = dtype in ("float16", "bfloat16") or amp is not None or dtype is None and \
-        dtypes.mostly(graph, (L.F16, L.BF16))
-    if half:
-        how = f"amp {amp}" if amp is not None else (dtype or "as traced")
-        return f"--tf32 changes nothing here: the step's matmuls run in half precision ({how})"
-    lacking = [g.id for g in gpus if not has_tf32(g.features)]
-    if not lacking:
-        return None
-    return (f"--tf32 does not apply on {', '.join(lacking)}: no TF32 tensor cores that "
-            "PyTorch uses (NVIDIA compute capability 8.0 on; ROCm keeps fp32), so their fp32 "
-            "matmuls are predicted as plain fp32")
+    return engine.tf32_note(graph, gpus, dtypes.parse(dtype))
 
 
 def float8_note(graph) -> str | None:
