@@ -25,6 +25,9 @@ from predictor.kernels import grid
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.optable import Graph, OpTable
 
+# These tests ask for TF32 matmuls on every GPU, those without TF32 included.
+pytestmark = pytest.mark.filterwarnings("ignore::predictor.errors.NotApplicableWarning")
+
 RTOL = 1e-6
 ALL_GPUS = hardware.database().ids()
 DTYPE_CODES = {None: None, "float32": L.F32, "float16": L.F16, "bfloat16": L.BF16,
