@@ -442,6 +442,22 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         assert len(lines) == 1 and words in lines[0], (args, err)
 
 
+def test_cli_tf32_note_where_it_changes_nothing(tmp_path, capsys):
+    """--tf32 over a GPU without TF32 tensor cores: the note in --json and on
+    stderr beside --csv, and no warning line."""
+    from predictor.cli import main
+
+    space_py = tmp_path / "space.py"
+    space_py.write_text(SPACE_PY)
+    base = ["explore", str(space_py), "--gpus", "T4,A100-SXM4-80GB", "-b", "8", "--tf32"]
+    assert main(base + ["--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert len(notes) == 1 and "do not apply on T4:" in notes[0] and "A100" not in notes[0]
+    assert main(base + ["--csv"]) == 0
+    err = capsys.readouterr().err
+    assert "predictor: note: TF32 matmuls" in err and "warning" not in err
+
+
 def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(MissingExtraError) as exc:

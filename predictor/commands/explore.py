@@ -12,7 +12,7 @@ import sys
 
 from predictor.commands.common import (add_format_arguments, add_spec_argument, console, fmt,
                                        load_specs, parse_batch_sizes, positive_int,
-                                       precision_fields)
+                                       precision_fields, print_notes_stderr)
 from predictor.commands.search import _constraints, _fraction, _prices
 from predictor.text import precision_words
 
@@ -167,9 +167,11 @@ def run(args: argparse.Namespace) -> int:
                   prices=prices or None, chunk_size=args.chunk_size,
                   retry_failed=args.retry_failed,
                   progress=not args.quiet and _stderr_is_terminal())
+    lines = _notes(args, gpus)
     if args.json:
         print(json.dumps({"space": space.name, "candidates": res.candidates,
                           **precision_fields(args.amp, args.dtype, args.tf32),
+                          "notes": lines,
                           "computed": res.computed, "reused": res.reused,
                           "failed": res.failed, "objective": res.objective,
                           "rows": json.loads(res.table.to_json(orient="records")),
@@ -180,9 +182,28 @@ def run(args: argparse.Namespace) -> int:
         df = res.to_pandas()
         df["config"] = [json.dumps(c, sort_keys=True) for c in df["config"]]
         print(df.to_csv(index=False), end="")
+        print_notes_stderr(lines)
         return 0
     print_table(space, res, args.top, args.all, precision_words(args.amp, args.dtype, args.tf32))
+    if lines:
+        console().print("\n".join(lines))
     return 0
+
+
+def _notes(args: argparse.Namespace, gpus) -> list[str]:
+    """The notes of the options asked for, the same for every candidate:
+    --tf32 where it changes nothing (``engine.tf32_note``; the API's
+    warning, which the command line shows as this note)."""
+    if not args.tf32:
+        return []
+    from types import SimpleNamespace
+
+    from predictor import dtypes, engine
+
+    # Each candidate is traced in fp32 or under --amp: its dtypes follow from the options.
+    step = SimpleNamespace(amp=args.amp, ops=None)
+    note = engine.tf32_note(step, gpus, dtypes.parse(args.dtype))
+    return [note] if note else []
 
 
 def print_table(space, res, top: int, show_all: bool,
