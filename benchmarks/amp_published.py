@@ -54,12 +54,13 @@ def memory_format(model: str, precision: str, source: str) -> str | None:
 # rows is a 16-bit model, `predict(dtype="float16")` of the fp32 trace (which
 # leaves out O2's per-step copy of the master weights and prices the
 # optimizer's rows in fp16: about 1 % of the step). `program` says which.
-def program(model: str, precision: str) -> str:
+def program(model: str, precision: str, bert_amp: str = "o2") -> str:
     """How a published run's step is traced: 'o2' (DeepLearningExamples'
-    BERT AMP: a 16-bit model), 'autocast' (the other AMP runs), 'fp32'."""
+    BERT AMP: a 16-bit model; `bert_amp`="autocast" traces it under autocast
+    instead), 'autocast' (the other AMP runs), 'fp32'."""
     if precision != "amp":
         return "fp32"
-    return "o2" if model == "bert-large-squad" else "autocast"
+    return bert_amp if model == "bert-large-squad" else "autocast"
 
 
 BERT = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md, 'Fine-tuning "
@@ -250,9 +251,7 @@ def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> l
     for model, gpu, prec, batch, published, source in (PUBLISHED if table is None else table):
         if models is not None and model not in models:
             continue
-        how = program(model, prec)
-        if how == "o2" and bert_amp == "autocast":
-            how = "autocast"
+        how = program(model, prec, bert_amp)
         amp = "fp16" if how == "autocast" else None
         fmt = memory_format(model, prec, source)
         key = (model, amp, fmt)

@@ -116,8 +116,8 @@ def main(argv=None) -> int:
                          f"of {OUT.name}")
     ap.add_argument("--write", action="store_true", help=f"store the figures in {OUT}")
     args = ap.parse_args(argv)
-    if args.published_only == (args.in_dist is not None or args.logo is not None) \
-            or (not args.published_only and (args.in_dist is None or args.logo is None)):
+    e2e_files = (args.in_dist is not None, args.logo is not None)
+    if any(e2e_files) if args.published_only else not all(e2e_files):
         ap.error("give --in-dist and --logo, or --published-only")
     if args.published_only:
         kept = json.loads(OUT.read_text(encoding="utf-8"))["standings"]

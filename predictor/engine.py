@@ -7,13 +7,14 @@ numbers. The per-op breakdown re-evaluates the same kernel row by row.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from predictor import calibrated, dtypes, expected_error, hardware, opmodel, overhead
 from predictor import memory as memmodel
-from predictor.errors import InvalidArgumentError
+from predictor.errors import InvalidArgumentError, NotApplicableWarning
 from predictor.kernels import layout as L
 from predictor.kernels import precision
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
@@ -121,10 +122,6 @@ def sweep(graph: Graph, gpus: str | Sequence[str] | None = "all",
     if tf32_matmul:
         note = tf32_note(graph, chosen, code)
         if note:
-            import warnings
-
-            from predictor.errors import NotApplicableWarning
-
             warnings.warn(note, NotApplicableWarning, stacklevel=2)
     ops = graph.ops.with_dtype(code) if code is not None else graph.ops
     feats = db.features(chosen)
@@ -190,8 +187,6 @@ def _check_amp(graph: Graph, code: int | None, chosen, asked=None) -> list:
     if amp == "bf16":
         lacking = [g.id for g in chosen if g.spec.get("bf16_supported", True) is False]
         if lacking:
-            import warnings
-
             warnings.warn(f"no bf16 tensor cores on {', '.join(lacking)}: amp='bf16' matmuls and "
                           "convolutions are predicted emulated at the fp32 rate there; use "
                           "amp='fp16' on these GPUs", stacklevel=3)

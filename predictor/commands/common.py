@@ -154,7 +154,7 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
     asked of GPUs without bf16 tensor cores; an amp="fp8" step's `float8_note`
     and the GPUs of the set asked for it `left_out` (no float8 tensor cores);
     --tf32 where it does not apply (`tf32_note`)."""
-    from predictor import dtypes, opmodel
+    from predictor import opmodel
     from predictor.kernels import layout as L
 
     out = list(getattr(graph, "notes", None) or [])
@@ -162,8 +162,7 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
     out += [fp8] if fp8 else []
     if left_out:
         out.append(f"amp fp8: {', '.join(left_out)} left out (no float8 tensor cores)")
-    bf16 = dtype == "bfloat16" or dtype is None and (
-        getattr(graph, "amp", None) == "bf16" or dtypes.mostly(graph, (L.BF16,)))
+    bf16 = _runs_in(graph, dtype, "bfloat16", "bf16", L.BF16)
     outside = opmodel.outside_training_data([g for g in gpus if g.vendor in ("nvidia", "amd")])
     if outside:
         trained = ", ".join(opmodel.shipped()[1].get("gpus", []))
@@ -177,8 +176,7 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
         out.append(f"no bf16 tensor cores on {', '.join(lacking)}: bfloat16 matmuls and "
                    "convolutions are predicted at the fp32 rate there, other ops at "
                    "bfloat16's halved memory traffic")
-    fp16 = dtype == "float16" or dtype is None and (
-        getattr(graph, "amp", None) == "fp16" or dtypes.mostly(graph, (L.F16,)))
+    fp16 = _runs_in(graph, dtype, "float16", "fp16", L.F16)
     lacking = [g.id for g in gpus if fp16 and not _has_fp16_tensor_cores(g)]
     if lacking:
         out.append(f"no fp16 tensor cores on {', '.join(lacking)}: float16 matmuls and "
@@ -187,6 +185,15 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
     t = tf32_note(graph, gpus, dtype) if tf32 else None
     out += [t] if t else []
     return out
+
+
+def _runs_in(graph, dtype: str | None, name: str, amp: str, code: int) -> bool:
+    """Whether the step's matmuls run in the 16-bit dtype `name`: asked with
+    --dtype, traced under autocast `amp`, or most of its rows in `code`."""
+    from predictor import dtypes
+
+    return dtype == name or dtype is None and (
+        getattr(graph, "amp", None) == amp or dtypes.mostly(graph, (code,)))
 
 
 def _has_fp16_tensor_cores(gpu) -> bool:

@@ -12,7 +12,7 @@ import sys
 
 from predictor.commands.common import (add_format_arguments, add_spec_argument, console, fmt,
                                        load_specs, parse_batch_sizes, positive_int,
-                                       precision_fields, print_notes_stderr)
+                                       precision_fields, print_notes_stderr, tf32_note)
 from predictor.commands.search import _constraints, _fraction, _prices
 from predictor.text import precision_words
 
@@ -198,11 +198,8 @@ def _notes(args: argparse.Namespace, gpus) -> list[str]:
         return []
     from types import SimpleNamespace
 
-    from predictor import dtypes, engine
-
     # Each candidate is traced in fp32 or under --amp: its dtypes follow from the options.
-    step = SimpleNamespace(amp=args.amp, ops=None)
-    note = engine.tf32_note(step, gpus, dtypes.parse(args.dtype))
+    note = tf32_note(SimpleNamespace(amp=args.amp, ops=None), gpus, args.dtype)
     return [note] if note else []
 
 

@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
@@ -29,6 +30,7 @@ from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor.frontend import autocast, blocks, float8, layout_pass, memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
+from predictor.kernels import layout as L
 from predictor.limits import check_batch_size, check_seq_len
 from predictor.lowering import is_channels_last, lower
 from predictor.optable import Graph
@@ -516,9 +518,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
 
 def _has_convolutions(table) -> bool:
     """Whether an op table has a convolution row (forward or backward)."""
-    from predictor.kernels import layout as L
-
-    return any(int(f) in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD) for f in set(table.family.tolist()))
+    return bool(np.isin(table.family, (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD)).any())
 
 
 def _small_tracer(mode: str, optimizer: str | None, amp: str | None, sentinel: int | None):
