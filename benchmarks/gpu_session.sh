@@ -5,9 +5,11 @@
 #      NeuSight training files (benchmarks/measure_kernels.py): another
 #      training GPU, to commit under benchmarks/data/ and train on with
 #      `predictor train-models --extra`;
-#   2. calibrated and pure mode against real training steps
+#   2. the matmul rate per math mode and AMP/TF32 training steps against the
+#      prediction (benchmarks/amp_gpu.py);
+#   3. calibrated and pure mode against real training steps
 #      (benchmarks/calibration_gpu.py);
-#   3. the peak-memory model against PyTorch's counters (benchmarks/memory_gpu.py).
+#   4. the peak-memory model against PyTorch's counters (benchmarks/memory_gpu.py).
 #
 # The machine needs torch with CUDA, numba, numpy, pandas, rich, tqdm and
 # transformers (the project's own dependencies); the project itself is put on
@@ -20,9 +22,9 @@
 #   done
 #   NEUSIGHT=.neusight KERNEL_SECONDS=240 bash benchmarks/gpu_session.sh   # carry .neusight
 #
-# Expected wall time on one GPU: KERNEL_SECONDS plus a few minutes for the
-# two checks and the kernels' first compilation (not yet measured on a GPU:
-# give the run KERNEL_SECONDS + 300 s and read the logs under $OUT).
+# Wall time on an H200 with KERNEL_SECONDS=220: 428 s (the three checks and
+# the first compilations take about 200 s); give the run KERNEL_SECONDS + 300 s.
+# The measurements of that run are in benchmarks/data/ (NVIDIA_H200.csv, h200/).
 # Each step's log is in $OUT; a step that fails does not stop the next.
 # DEVICE=cpu rehearses the whole script, small, on a machine without a GPU.
 set -uo pipefail
@@ -35,22 +37,32 @@ mkdir -p "$OUT"
 
 # The project as it installs (pyproject.toml's package-dir: kernels/, specs/ and
 # calibration/ are predictor.kernels, .specs, .calibration), without pip.
+# `python -m` puts the working directory first on sys.path, so the scripts run
+# from that copy: from the repository root the bare predictor/ (no kernels)
+# would shadow it.
 SITE="$(mktemp -d)"
-cp -r predictor "$SITE/predictor"
+cp -r predictor benchmarks "$SITE/"
 for sub in kernels specs calibration; do cp -r "$sub" "$SITE/predictor/$sub"; done
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+NEUSIGHT="$(cd "$NEUSIGHT" && pwd)" || exit 1
+OUT="$(cd "$OUT" && pwd)"
+cd "$SITE" || exit 1
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c "import predictor.kernels; print('predictor from', predictor.__file__)" || exit 1
 if [ "${DEVICE:-cuda}" = cpu ]; then
     # A rehearsal of this script on a machine without a GPU: small and quick.
     kernel_args=(--device cpu --per-op 2); calibration_args=(--device cpu --models tiny)
+    amp_args=(--device cpu --models tiny --repeats 2 --iterations 2)
 else
     python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
 print(torch.__version__, torch.cuda.get_device_name())" || exit 1
-    kernel_args=(); calibration_args=()
+    kernel_args=(); calibration_args=(); amp_args=()
 fi
 
 status=0
 python3 -m benchmarks.measure_kernels --data "$NEUSIGHT" --seconds "$KERNEL_SECONDS" \
     --out "$OUT/kernels" "${kernel_args[@]}" 2>&1 | tee "$OUT/measure_kernels.log" || status=1
+python3 -m benchmarks.amp_gpu --json "$OUT/amp_gpu.json" "${amp_args[@]}" 2>&1 \
+    | tee "$OUT/amp_gpu.log" || status=1
 python3 -m benchmarks.calibration_gpu --json "$OUT/calibration_gpu.json" \
     "${calibration_args[@]}" 2>&1 | tee "$OUT/calibration_gpu.log" || status=1
 python3 -m benchmarks.memory_gpu 2>&1 | tee "$OUT/memory_gpu.log" || status=1
