@@ -21,8 +21,10 @@ is spent, and what is left of it passes to the files after it.
 Output: ``<device name>.csv`` in ``--out`` (default ``benchmarks/data``), one
 line per measured row: the source op and its shape columns as the source file
 names them, the pass (forward / backward), the row's family and dims (d0-d11)
-and kernel count as the lowering writes them, the latency (ms, one execution)
-and the device, torch and CUDA versions. It is rewritten atomically after
+and kernel count as the lowering writes them, the latency (ms, one execution),
+the device, torch and CUDA versions, and whether matmuls and convolutions ran
+in TF32 (``TF32 Matmul``, ``TF32 Conv``: both off, as the dataset measured
+them; a file without the columns ran PyTorch's defaults, TF32 convolutions). It is rewritten atomically after
 every op file, so a run cut off by a timeout keeps what it measured.
 ``predictor train-models --extra FILE`` trains on the file's rows beside the
 dataset's (``predictor.calibration.datasets.load_measured``).
@@ -119,6 +121,14 @@ def device_name(device: torch.device) -> str:
     return cpu_name()
 
 
+def fp32_math() -> tuple[bool, bool]:
+    """Turn TF32 off for matmuls and convolutions, so that fp32 kernels run
+    as the dataset's did; returns the (matmul, conv) TF32 settings now in force."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return (bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32))
+
+
 def source_shapes(data: Path, op: str, shapes_from: str, per_op: int, seed: int,
                   max_elements: float) -> pd.DataFrame:
     """A seeded sample of one training GPU's shapes for `op` (at most
@@ -142,6 +152,9 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
     """Time every lowered row of the sampled shapes; `write(df)` after each op file."""
     name = device_name(device)
     free = M.device_memory_bytes(device)
+    # The dataset's kernels are plain fp32: PyTorch's default runs convolutions
+    # in TF32 on tensor cores (cudnn.allow_tf32), a different kernel and rate.
+    math = fp32_math()
     weights = {op: WEIGHTS.get(op, ELEMENTWISE_WEIGHT) for op in ops}
     start = time.perf_counter()
     records: list[dict] = []
@@ -165,6 +178,7 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
                 records.append({"OPName": op, **shape, "Pass": p, "Family": L.FAMILY_NAMES[fam],
                                 **{f"d{j}": d[j] for j in range(L.MAX_DIMS)},
                                 "Kernels": kernels, "Latency": got / 1e3, "Device": name,
+                                "TF32 Matmul": math[0], "TF32 Conv": math[1],
                                 "Torch Version": torch.__version__,
                                 "CUDA Version": torch.version.cuda or ""})
             done += 1

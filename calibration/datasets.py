@@ -139,16 +139,16 @@ def _check(data: Path) -> Path:
     return data
 
 
-def load_train(data: str | Path, ops=OPS, extra=()) -> OpSamples:
+def load_train(data: str | Path, ops=OPS, extra=(), log=None) -> OpSamples:
     """The training files of `ops`, and the rows of the measured-kernel files
-    `extra` of those ops (see `load_measured`)."""
+    `extra` of those ops (see `load_measured`; `log` hears what it leaves out)."""
     data = _check(data)
     parts = []
     for op in ops:
         for f in sorted((data / "train" / op).glob("*.csv")):
             parts.append(_from_frame(op, pd.read_csv(f)))
     if extra:
-        more = load_measured(extra)
+        more = load_measured(extra, log=log)
         parts.append(more.subset(np.isin([o.split("_backward")[0] for o in more.op], ops)))
     return OpSamples.concat(parts)
 
@@ -157,13 +157,42 @@ MEASURED_COLUMNS = ("OPName", "Pass", "Family", "Latency", "Device",
                     *(f"d{j}" for j in range(L.MAX_DIMS)))
 
 
-def load_measured(paths) -> OpSamples:
+# The families whose kernels TF32 changes, and the column that says whether
+# a measured-kernel file ran them in TF32. A file without the column ran
+# PyTorch's defaults: fp32 matmuls, TF32 convolutions.
+TF32_COLUMNS = {"matmul": ("TF32 Matmul", False), "conv": ("TF32 Conv", True),
+                "conv_dgrad": ("TF32 Conv", True), "conv_wgrad": ("TF32 Conv", True)}
+
+
+def ran_in_tf32(df: pd.DataFrame, gpu_ids: dict) -> np.ndarray:
+    """Rows of a measured-kernel frame that ran on TF32 tensor cores: a
+    matmul or convolution with TF32 allowed, on a GPU that has TF32
+    (compute capability 8.0 on). They are another kernel than the fp32 one
+    the learned models describe."""
+    from predictor.kernels import precision
+
+    tf32_gpu = {name: bool(precision.has_tf32(hardware.get(i).features))
+                for name, i in gpu_ids.items()}
+    on_gpu = df["Device"].map(tf32_gpu).to_numpy(bool)
+    out = np.zeros(len(df), dtype=bool)
+    for fam, (col, default) in TF32_COLUMNS.items():
+        rows = (df["Family"] == fam).to_numpy()
+        allowed = (df[col].astype(str).str.lower().isin(("true", "1", "1.0")).to_numpy()
+                   if col in df else np.full(len(df), default))
+        out |= rows & allowed & on_gpu
+    return out
+
+
+def load_measured(paths, *, tf32: bool = False, log=None) -> OpSamples:
     """Rows of `python -m benchmarks.measure_kernels` files: each already
     holds the family and dims the lowering writes (forward and backward
     kernels alike), so nothing is reinterpreted here. A backward row's op is
     its source op + "_backward" (e.g. linear_backward: a linear's two
     gradient GEMMs). A file that is not such a file, or names an unknown
-    family or GPU, is refused with its path."""
+    family or GPU, is refused with its path.
+
+    Rows that ran on TF32 tensor cores (`ran_in_tf32`) are left out, said
+    through `log`; with `tf32=True` only those rows are kept."""
     parts = []
     for path in paths:
         path = Path(path)
@@ -183,7 +212,11 @@ def load_measured(paths) -> OpSamples:
         except UnknownGPUError as exc:
             raise InvalidArgumentError(f"{path}: {exc}") from exc
         lat = pd.to_numeric(df["Latency"], errors="coerce").to_numpy(np.float64)
-        keep = np.isfinite(lat) & (lat > 0)
+        in_tf32 = ran_in_tf32(df, ids)
+        if in_tf32.any() and not tf32 and log is not None:
+            log(f"{path.name}: {int(in_tf32.sum())} convolution/matmul rows ran in TF32 "
+                "(tensor cores), not fp32: left out")
+        keep = np.isfinite(lat) & (lat > 0) & (in_tf32 if tf32 else ~in_tf32)
         df = df[keep]
         op = np.where(df["Pass"].to_numpy() == "forward", df["OPName"].astype(str),
                       df["OPName"].astype(str) + "_backward").astype(object)

@@ -632,10 +632,12 @@ def save(path: str | Path, mlp: np.ndarray, meta: dict) -> None:
 
 
 def train_from_data(data: str | Path, out: str | Path, *, seed: int = 0, epochs: int = 60,
-                    progress=None, extra=(), ensemble: int = ENSEMBLE) -> tuple[np.ndarray, dict]:
+                    progress=None, extra=(), ensemble: int = ENSEMBLE,
+                    log=None) -> tuple[np.ndarray, dict]:
     """Train on every training file of the dataset, and the measured-kernel
-    files `extra` (``datasets.load_measured``), and write the weights."""
-    samples = load_train(data, extra=extra)
+    files `extra` (``datasets.load_measured``; `log` hears the rows it leaves
+    out), and write the weights."""
+    samples = load_train(data, extra=extra, log=log)
     mlp = train(samples, seed=seed, epochs=epochs, progress=progress, groups=SHIPPED_GROUPS,
                 ensemble=ensemble)
     meta = {"format": 1, "seed": seed, "epochs": epochs, "ensemble": ensemble,

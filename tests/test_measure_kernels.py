@@ -156,3 +156,38 @@ def test_the_gpu_session_script_rehearses_on_the_cpu(tmp_path):
     for log in ("measure_kernels.log", "calibration_gpu.log", "memory_gpu.log"):
         assert (out / log).stat().st_size > 0, log
     assert (out / "calibration_gpu.json").exists()
+
+
+def test_rows_that_ran_in_tf32_are_not_trained_as_fp32(tmp_path):
+    """PyTorch runs convolutions in TF32 by default: on a GPU with TF32 such a
+    row is a tensor-core kernel, left out of the fp32 training rows (and kept
+    alone with tf32=True); on a T4 TF32 does not exist and the row is fp32.
+    The TF32 columns, where a file has them, say what ran."""
+    cols = {c: [0, 0, 0] for c in D.MEASURED_COLUMNS}
+    base = {**cols, "OPName": ["conv", "conv", "linear"], "Pass": "forward",
+            "Family": ["conv", "conv_wgrad", "matmul"], "Latency": [0.1, 0.2, 0.3]}
+    old = tmp_path / "old.csv"   # no TF32 columns: PyTorch's defaults
+    pd.DataFrame({**base, "Device": "NVIDIA H200"}).to_csv(old, index=False)
+    said = []
+    s = D.load_measured([old], log=said.append)
+    assert list(s.family) == [L.MATMUL]
+    assert said == ["old.csv: 2 convolution/matmul rows ran in TF32 (tensor cores), "
+                    "not fp32: left out"]
+    assert sorted(D.load_measured([old], tf32=True).latency_ms) == [0.1, 0.2]
+    t4 = tmp_path / "t4.csv"
+    pd.DataFrame({**base, "Device": "Tesla T4"}).to_csv(t4, index=False)
+    assert len(D.load_measured([t4])) == 3
+    new = tmp_path / "new.csv"   # measured as the script now measures: TF32 off
+    pd.DataFrame({**base, "Device": "NVIDIA H200", "TF32 Matmul": False,
+                  "TF32 Conv": False}).to_csv(new, index=False)
+    assert len(D.load_measured([new])) == 3
+    both = tmp_path / "both.csv"
+    pd.DataFrame({**base, "Device": "NVIDIA H200", "TF32 Matmul": True,
+                  "TF32 Conv": False}).to_csv(both, index=False)
+    assert list(D.load_measured([both]).family) == [L.CONV, L.CONV_WGRAD]
+
+
+def test_the_script_measures_fp32_with_tf32_off():
+    assert K.fp32_math() == (False, False)
+    assert not torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default, for the tests after

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         bar = tqdm(total=args.epochs * len(T.SHIPPED_GROUPS) * fits, desc="training", unit="epoch",
                    leave=False, disable=not sys.stderr.isatty())
         mlp, meta = T.train_from_data(args.data, out, seed=args.seed, epochs=args.epochs,
-                                      progress=bar.update, extra=args.extra, ensemble=ensemble)
+                                      progress=bar.update, extra=args.extra, ensemble=ensemble,
+                                      log=console().print)
         bar.close()
         console().print(f"wrote {out / T.WEIGHTS_FILE}: {meta['samples']:,} measured ops on "
                         f"{', '.join(meta['gpus'])}; {mlp.size:,} weights")
