@@ -198,12 +198,16 @@ def serving_groups(samples: D.OpSamples) -> tuple[int, ...]:
 
 
 def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30,
-        log=print, baselines: bool = True, train_fn=None) -> tuple[pd.DataFrame, dict]:
+        log=print, baselines: bool = True, train_fn=None,
+        extra=()) -> tuple[pd.DataFrame, dict]:
     """Scores of every model (see the module docstring). `baselines=False`
     scores the learned models only (no Habitat-style MLP to fit); `train_fn`
-    replaces ``T.train`` (same signature), e.g. to reuse weights trained once."""
+    replaces ``T.train`` (same signature), e.g. to reuse weights trained once.
+    `extra`: measured-kernel files (``benchmarks.measure_kernels``) of other
+    GPUs, in every training set and never scored."""
     train_fn = train_fn or T.train
     train = D.load_train(data)
+    more = D.load_measured(extra, log=log) if extra else None
     test = D.load_test(data)
     rows: list[dict] = []
     points = {}
@@ -211,6 +215,8 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
 
     def evaluate(split: str, gpu: str, fit_on: D.OpSamples, ev: D.OpSamples, mlp=None):
         t0 = time.perf_counter()
+        if more is not None:
+            fit_on = D.OpSamples.concat([fit_on, more])
         if mlp is None:
             # Only the groups that price the scored rows: the others cannot
             # move a score (the A100-PCIE-80GB, scored on conv only, trains one).
@@ -230,7 +236,8 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
             "learned MAPE " + ", ".join(f"{r['family']} {r['mape']:.1f}" for r in mine))
 
     log("in-distribution: train on all GPUs, test on test/ shapes")
-    evaluate("test", "all", train, test, shipped_weights(seed, epochs, train))
+    evaluate("test", "all", train, test,
+             shipped_weights(seed, epochs, train) if more is None else None)
     log("leave-one-GPU-out")
     for held in gpus:
         ev = D.OpSamples.concat([test.subset(test.gpu == held),
@@ -497,6 +504,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default="../shared/data/neusight")
     ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--extra", action="append", default=[], metavar="CSV",
+                    help="also train on a measured-kernel file of benchmarks.measure_kernels "
+                         "(another GPU, never scored); repeatable")
     ap.add_argument("--plot", default=None, help="write predicted-vs-measured PNG here")
     ap.add_argument("--csv", default=None, help="write all scores here")
     ap.add_argument("--spread", action="store_true",
@@ -554,7 +564,7 @@ def main(argv=None) -> int:
         print("measured efficiency on the same test shape (median or max of them)")
         print(spread_table(cross_gpu_spread(Path(args.data))))
         return 0
-    df, points = run(Path(args.data), epochs=args.epochs, seed=args.seed)
+    df, points = run(Path(args.data), epochs=args.epochs, seed=args.seed, extra=args.extra)
     print()
     print(f"MAPE % by family (LOGO: mean over held-out GPUs except {', '.join(EXCLUDED_FROM_MEAN)})")
     print(table(df))

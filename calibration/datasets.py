@@ -40,17 +40,23 @@ class OpSamples:
     # into kernels.tiles.CANDIDATES), -1 where none is known; the GEMM tile
     # rule of the batched-GEMM model is fitted on these (calibration.tiles).
     tile: np.ndarray | None = None
+    # int64[n]: which timing harness measured the row, 0 the dataset's, 1 this
+    # project's (``benchmarks.measure_kernels``: CUDA events around one launch).
+    # Each has its own fixed cost per measurement, fitted apart (train.fit_group).
+    harness: np.ndarray | None = None
 
     def __post_init__(self):
         if self.tile is None:
             self.tile = np.full(len(self.op), -1, dtype=np.int64)
+        if self.harness is None:
+            self.harness = np.zeros(len(self.op), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.op)
 
     def subset(self, mask: np.ndarray) -> "OpSamples":
         return OpSamples(self.op[mask], self.family[mask], self.dims[mask], self.gpu[mask],
-                         self.latency_ms[mask], self.tile[mask])
+                         self.latency_ms[mask], self.tile[mask], self.harness[mask])
 
     def fingerprint(self) -> str:
         """A hash of every column: equal samples, equal fingerprint (what
@@ -58,7 +64,11 @@ class OpSamples:
         h = hashlib.sha256()
         for name in ("op", "gpu"):
             h.update("\0".join(map(str, getattr(self, name))).encode())
-        for name in ("family", "dims", "latency_ms", "tile"):
+        # (the harness only where one row is not the dataset's, so that the
+        # dataset's own fingerprints stay what they were)
+        names = ("family", "dims", "latency_ms", "tile") + (("harness",) if self.harness.any()
+                                                            else ())
+        for name in names:
             arr = np.ascontiguousarray(getattr(self, name))
             h.update(str((arr.dtype, arr.shape)).encode())
             h.update(arr.tobytes())
@@ -67,7 +77,8 @@ class OpSamples:
     @staticmethod
     def concat(parts: list["OpSamples"]) -> "OpSamples":
         return OpSamples(*(np.concatenate([getattr(p, f) for p in parts])
-                           for f in ("op", "family", "dims", "gpu", "latency_ms", "tile")))
+                           for f in ("op", "family", "dims", "gpu", "latency_ms", "tile",
+                                     "harness")))
 
 
 def _rows(op: str, df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +234,7 @@ def load_measured(paths, *, tf32: bool = False, log=None) -> OpSamples:
         family = np.array([L.FAMILY_NAMES.index(f) for f in df["Family"]], dtype=np.int64)
         dims = df[[f"d{j}" for j in range(L.MAX_DIMS)]].to_numpy(np.int64)
         parts.append(OpSamples(op, family, dims, df["Device"].map(ids).to_numpy(object),
-                               lat[keep]))
+                               lat[keep], harness=np.ones(len(df), dtype=np.int64)))
     return OpSamples.concat(parts)
 
 

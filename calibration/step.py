@@ -86,6 +86,15 @@ def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
     module = build_module(source, mode)
     module = copy.deepcopy(module).to(device)
     inputs = _to_device(source.inputs(batch), device)
+    # A trace with memory_format= priced its tensors in that format: store
+    # the real model's weights and inputs so too, as the trace assumed.
+    fmt = getattr(source, "memory_format", None)
+    if fmt is not None:
+        from predictor.frontend.fx import in_format, inputs_in_format
+
+        for t in list(module.parameters()) + list(module.buffers()):
+            t.data = in_format(t.data, fmt)
+        inputs = inputs_in_format(inputs, fmt)
     autocast = _autocast(device, amp)
     if mode == "inference":
         module.eval()

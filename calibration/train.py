@@ -88,6 +88,9 @@ class GroupModel:
     # as its auxiliary numbers): the batched-GEMM group's tile rule, the
     # matmul and conv groups' SM range (`sm_range`).
     aux: np.ndarray | None = None
+    # The floors of the other timing harnesses (1, 2, ...; `fit_group`); not
+    # packed: inside a graph the engine uses no floor.
+    harness_floors_us: tuple = ()
 
     def times_us(self, x: np.ndarray, ideal: np.ndarray) -> np.ndarray:
         """The isolated-op time (us) of feature rows `x` with ideal times
@@ -186,10 +189,16 @@ def gemm_probes(samples: OpSamples, seed: int = 0) -> OpSamples:
 
 def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarray, *,
               x_more: np.ndarray | None = None, ideal_more: np.ndarray | None = None,
-              probes: tuple | None = None,
+              probes: tuple | None = None, harness: np.ndarray | None = None,
               seed: int = 0, epochs: int = 60, hidden=HIDDEN, batch: int = 2048,
               progress=None, head: str = "sigmoid") -> GroupModel:
     """Fit one group's network and floor by minimising squared log error.
+
+    `harness`: per sample, the timing harness that measured it
+    (``OpSamples.harness``); each has a floor of its own, since the fixed cost
+    of a measurement belongs to how it was timed, not to the kernel. The
+    model keeps the dataset's (harness 0) as `floor_us`, the others in
+    `harness_floors_us`.
 
     `x_more`, `ideal_more`: the same samples with twice the work (see
     `doubled`); predictions for them must not be faster. `probes`: (x, ideal,
@@ -235,8 +244,12 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
                               torch.nn.Linear(h1, h2), torch.nn.Tanh(),
                               torch.nn.Linear(h2, 2 if head == "waves" else 1))
     log_waves_mean, log_waves_std = float(mean[5]), float(std[5])
-    floor_raw = torch.nn.Parameter(torch.tensor(float(np.log(np.expm1(
-        max(np.percentile(target_us, 1) * 0.8, 1.0))))))
+    harness = np.zeros(len(x), np.int64) if harness is None else np.asarray(harness, np.int64)
+    hidx = torch.tensor(harness)
+    # Each floor starts below its harness's fastest measurements.
+    floor_raw = torch.nn.Parameter(torch.tensor([float(np.log(np.expm1(max(np.percentile(
+        target_us[harness == h] if (harness == h).any() else target_us, 1) * 0.8, 1.0))))
+        for h in range(int(harness.max()) + 1)]))
     opt = torch.optim.Adam(list(net.parameters()) + [floor_raw], lr=3e-3)
     n = len(xt)
     steps = max(1, epochs * ((n + batch - 1) // batch))
@@ -261,7 +274,7 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
         order = torch.tensor(rng.permutation(n))
         for s in range(0, n, batch):
             idx = order[s:s + batch]
-            floor = torch.nn.functional.softplus(floor_raw)
+            floor = torch.nn.functional.softplus(floor_raw)[hidx[idx]]
             pred = predicted(xt[idx], it[idx], floor)
             loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
             # The same op on a better GPU must not be predicted slower.
@@ -287,8 +300,9 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
               (lin[2].weight.detach().double().numpy().ravel(),
                float(lin[2].bias.detach().double().numpy()[0]))] if head != "waves" else \
         [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in lin]
-    floor = float(torch.nn.functional.softplus(floor_raw).detach())
-    return GroupModel(group, mean, std, layers, floor, eta_max)
+    floors = [float(f) for f in torch.nn.functional.softplus(floor_raw).detach()]
+    return GroupModel(group, mean, std, layers, floors[0], eta_max,
+                      harness_floors_us=tuple(floors[1:]))
 
 
 # Networks fitted per group, each from its own seed, before distillation.
@@ -371,11 +385,14 @@ def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int
         x, ideal, _, target = featurize(samples)
         x_more, ideal_more, _, _ = featurize(doubled(samples, seed))
         probes = probe_features(group, samples, seed, featurize)
-        fits = [dict(x_more=x_more, ideal_more=ideal_more, probes=probes,
+        harness = samples.harness if samples.harness.any() else None
+        fits = [dict(x_more=x_more, ideal_more=ideal_more, probes=probes, harness=harness,
                      seed=seed + group + 101 * k, epochs=epochs) for k in range(ensemble)]
         prepared.append((group, samples, featurize, (x, ideal, target), fits))
 
     def distill_inputs(group, samples, featurize, teachers):
+        # The teachers' times carry the dataset harness's floor (`times_us`),
+        # so the distilled network learns every row in that one convention.
         both = OpSamples.concat([samples, spec_gpu_rows(samples, DISTIL_ROWS_PER_GPU, seed)])
         xa, ia, _, _ = featurize(both)
         ta = np.exp(np.mean([np.log(t.times_us(xa, ia)) for t in teachers], axis=0))
@@ -389,7 +406,7 @@ def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             teacher_jobs = [[pool.submit(fit_group, group, *data, **kw) for kw in fits]
                             for group, _, _, data, fits in prepared]
-            out, distil_jobs = {}, {}
+            out, distil_jobs, teachers_of = {}, {}, {}
             for (group, samples, featurize, _, _), jobs in zip(prepared, teacher_jobs):
                 teachers = [job.result() for job in jobs]
                 for _ in teachers:
@@ -399,8 +416,9 @@ def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int
                     continue
                 args, kw = distill_inputs(group, samples, featurize, teachers)
                 distil_jobs[group] = pool.submit(fit_group, *args, **kw)
+                teachers_of[group] = teachers
             for group, job in distil_jobs.items():
-                out[group] = job.result()
+                out[group] = with_harness_floors(job.result(), teachers_of[group])
                 finished()
         return out
     out = {}
@@ -410,8 +428,17 @@ def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int
             out[group] = teachers[0]
             continue
         args, kw = distill_inputs(group, samples, featurize, teachers)
-        out[group] = fit_group(*args, progress=progress, **kw)
+        out[group] = with_harness_floors(fit_group(*args, progress=progress, **kw), teachers)
     return out
+
+
+def with_harness_floors(student: GroupModel, teachers: list[GroupModel]) -> GroupModel:
+    """The distilled `student` with its teachers' mean floor per other timing
+    harness (the student learns the dataset harness's times only)."""
+    floors = [t.harness_floors_us for t in teachers if t.harness_floors_us]
+    if floors:
+        student.harness_floors_us = tuple(float(f) for f in np.mean(floors, axis=0))
+    return student
 
 
 def pack(models: dict[int, GroupModel],
@@ -464,7 +491,8 @@ MIN_CHIPS_FOR_OTHERS = 3
 OTHER_CHIPS_GROUPS = (G_MATMUL, G_CONV)
 
 
-def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[float, float]]:
+def chip_corrections(samples: OpSamples, mlp: np.ndarray,
+                     harness_floors: dict | None = None) -> dict[int, dict[float, float]]:
     """Per group and chip of the training data, the chip's systematic log time
     offset from the networks (which see no feature naming the GPU): the median
     of log((measured - floor) / (predicted - floor)) over the chip's kernels
@@ -479,7 +507,9 @@ def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[floa
     matmul network's over every GEMM, batched ones included, since it prices
     both operand layouts (an unbatched `x @ W` from the batched rows, the
     data's only `*_nn` kernels) though the batched-GEMM network prices the
-    batched rows themselves."""
+    batched rows themselves. A row of another timing harness
+    (``OpSamples.harness``) takes that harness's floor, `harness_floors`
+    {group: (floor of harness 1, ...)}, for the measured side."""
     ids = sorted(set(samples.gpu))
     db = hardware.database()
     gpus = db.features([db.get(i) for i in ids])
@@ -507,11 +537,15 @@ def chip_corrections(samples: OpSamples, mlp: np.ndarray) -> dict[int, dict[floa
             without_bmm[1 + HEADER * G_BMM] = 0  # every GEMM by the matmul network
             pred_us = predicted_us(without_bmm)
         floor = floor_us(mlp, g)
+        own = (0.0,) + tuple((harness_floors or {}).get(g, ()))
+        meas_floor = np.array([own[h] if h < len(own) else floor for h in samples.harness])
+        meas_floor[samples.harness == 0] = floor
         for c in sorted(set(chip[rows]) - {0.0}):
-            sel = rows & (chip == c) & (meas_us > 2 * floor) & (pred_us > floor)
+            sel = rows & (chip == c) & (meas_us > 2 * meas_floor) & (pred_us > floor)
             if sel.sum() < MIN_CHIP_SAMPLES:
                 continue
-            r = float(np.median(np.log((meas_us[sel] - floor) / (pred_us[sel] - floor))))
+            r = float(np.median(np.log((meas_us[sel] - meas_floor[sel])
+                                       / (pred_us[sel] - floor))))
             if abs(r) > MAX_CHIP_CORRECTION:
                 # The weights file holds corrections up to this bound (beyond it a
                 # file is read as damaged): a network this far off a chip is said,
@@ -600,7 +634,8 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
             group_cache[keys[g]] = m
     if not chips:
         return pack(models)
-    return pack(models, chip_corrections(samples, pack(models)))
+    return pack(models, chip_corrections(samples, pack(models), {
+        g: m.harness_floors_us for g, m in models.items() if m.harness_floors_us}))
 
 
 def corrections_by_gpu(mlp: np.ndarray, gpu_ids) -> dict[str, dict[str, float]]:

@@ -191,3 +191,25 @@ def test_the_script_measures_fp32_with_tf32_off():
     assert K.fp32_math() == (False, False)
     assert not torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = True  # PyTorch's default, for the tests after
+
+
+def test_each_timing_harness_has_its_own_floor():
+    """The same kernels timed by two harnesses whose fixed costs differ (25 us
+    and 5 us per measurement): one network, a floor per harness, the
+    dataset's (harness 0) kept as the model's floor."""
+    from predictor.calibration import train as T
+    from predictor.kernels.features import N_FEATURES
+
+    rng = np.random.default_rng(0)
+    n = 1200
+    x = rng.normal(size=(n, N_FEATURES))
+    ideal = np.exp(rng.uniform(np.log(2.0), np.log(2000.0), n))   # us
+    x[:, 0] = x[:, 1] = np.log2(ideal)
+    harness = np.repeat([0, 1], n // 2)
+    target = np.where(harness == 0, 25.0, 5.0) + ideal / 0.5
+    m = T.fit_group(0, x, ideal, target, harness=harness, epochs=60, batch=64)
+    assert m.floor_us == pytest.approx(25.0, rel=0.25)
+    assert len(m.harness_floors_us) == 1
+    assert m.harness_floors_us[0] == pytest.approx(5.0, rel=0.5)
+    one = T.fit_group(0, x, ideal, target, epochs=2, batch=64)
+    assert one.harness_floors_us == ()

@@ -208,3 +208,25 @@ def test_fingerprint_tells_channels_last_apart():
     assert plain == fingerprint.structure(Net(), (x,))
     assert plain != fingerprint.structure(Net().to(memory_format=torch.channels_last),
                                           (x.to(memory_format=torch.channels_last),))
+
+
+def test_the_real_step_stores_its_tensors_as_the_trace_did(nhwc):
+    """Calibration times the real step of a channels-last trace with the
+    model's weights and inputs in channels-last, as the trace priced them
+    (and a trace without memory_format leaves them as they are)."""
+    from predictor.calibration.step import build_step
+
+    seen = {}
+
+    class Spy(Net):
+        def forward(self, x):
+            seen["x"] = x.is_contiguous(memory_format=torch.channels_last)
+            seen["w"] = self.c1.weight.is_contiguous(memory_format=torch.channels_last)
+            return super().forward(x)
+
+    g = _trace(model=Spy(), memory_format="channels_last")
+    build_step(g.source, "train", None, 2, torch.device("cpu"))()
+    assert seen == {"x": True, "w": True}
+    g = _trace(model=Spy())
+    build_step(g.source, "train", None, 2, torch.device("cpu"))()
+    assert seen == {"x": False, "w": False}

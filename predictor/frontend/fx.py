@@ -59,7 +59,7 @@ def check_memory_format(memory_format: str | None) -> str | None:
     return name
 
 
-def _in_format(t: torch.Tensor, memory_format: str | None) -> torch.Tensor:
+def in_format(t: torch.Tensor, memory_format: str | None) -> torch.Tensor:
     """`t` stored in `memory_format` (4-D and 5-D tensors; others as they are)."""
     if memory_format is None or t.dim() not in (4, 5):
         return t
@@ -69,12 +69,12 @@ def _in_format(t: torch.Tensor, memory_format: str | None) -> torch.Tensor:
                         else torch.channels_last_3d)
 
 
-def _inputs_in_format(x: Any, memory_format: str | None) -> Any:
+def inputs_in_format(x: Any, memory_format: str | None) -> Any:
     """Floating-point 4-D/5-D inputs stored in `memory_format`."""
     if memory_format is None:
         return x
     return torch.utils._pytree.tree_map(
-        lambda t: _in_format(t, memory_format)
+        lambda t: in_format(t, memory_format)
         if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t, x)
 
 
@@ -155,7 +155,7 @@ def _resize_batch(x: Any, batch: int, batch_dim: int | None) -> Any:
         if batch_dim is not None and len(shape) > batch_dim:
             shape[batch_dim] = batch
         out = torch.zeros(shape, dtype=x.dtype)
-        return _in_format(out, "channels_last") if is_channels_last(x) else out
+        return in_format(out, "channels_last") if is_channels_last(x) else out
     if isinstance(x, (list, tuple)):
         return type(x)(_resize_batch(i, batch, batch_dim) for i in x)
     if isinstance(x, dict):
@@ -257,8 +257,8 @@ def _fake_params(module: torch.nn.Module,
     def like(t: torch.Tensor) -> torch.Tensor:
         out = torch.empty(t.shape, dtype=t.dtype)
         if memory_format is None:
-            return _in_format(out, "channels_last") if is_channels_last(t) else out
-        return _in_format(out, memory_format)
+            return in_format(out, "channels_last") if is_channels_last(t) else out
+        return in_format(out, memory_format)
 
     params, buffers = {}, {}
     for k, p in module.named_parameters():
@@ -341,7 +341,7 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         params, buffers = _fake_params(module, memory_format)
         if amp == "fp8" and mode == "inference":
             params = float8.stored_weights(module, params)
-        inputs = _inputs_in_format(spec.inputs(batch), memory_format)
+        inputs = inputs_in_format(spec.inputs(batch), memory_format)
         spec.input_seq_len = _input_seq_len(inputs, batch)
         trainable = [k for k, p in params.items() if p.requires_grad]
         opt_state = optimizers.state_for(optimizer, [params[k] for k in trainable])
@@ -507,6 +507,7 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     # How to build and feed the model for real (calibration runs the real step);
     # an attribute, not a field: callables are not saved with the graph.
     graph.source = spec
+    spec.memory_format = memory_format  # the real step stores its tensors so too
     if memory_format is not None and not _has_convolutions(lowered.table):
         notes.append(f"memory_format={memory_format!r} changes nothing here: {spec.name} has "
                      "no convolutions (only they are priced by memory format)")
