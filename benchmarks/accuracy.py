@@ -248,6 +248,43 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
     return summarise(rows), points
 
 
+# Rows shorter than this are left out of `unseen_scores`: the fixed cost of
+# a measurement (a few microseconds with CUDA events) stays under a tenth.
+UNSEEN_MIN_MS = 0.05
+
+
+def unseen_scores(paths, mlp=None) -> pd.DataFrame:
+    """The op models' error on measured-kernel files (``benchmarks.measure_kernels``)
+    of a GPU the weights `mlp` (default: the shipped ones) were not trained on:
+    per family and pass, MAPE and the median predicted/measured ratio over the
+    rows of at least UNSEEN_MIN_MS, each priced as the engine prices it in a
+    step (``kernels.optime.op_time_us``, no per-measurement floor). Rows that
+    ran on TF32 tensor cores are scored apart (family "<family> (TF32)"),
+    against the engine's TF32 pricing."""
+    from predictor import opmodel
+    from predictor.engine import model_params
+    from predictor.kernels.optime import op_time_us
+
+    mlp = opmodel.weights() if mlp is None else mlp
+    db = hardware.database()
+    rows = []
+    for tf32 in (False, True):
+        s = D.load_measured(paths, tf32=tf32)
+        params = model_params(tf32_matmul=tf32, tf32_conv=tf32)
+        for i in np.flatnonzero(s.latency_ms >= UNSEEN_MIN_MS):
+            gpu = db.get(s.gpu[i]).features
+            pred = op_time_us(int(s.family[i]), L.F32, 1, np.ascontiguousarray(s.dims[i]), gpu,
+                              params, mlp) * 1e-3
+            fam = family_of(np.array([s.op[i].replace("_backward", "")]))[0]
+            rows.append({"gpu": s.gpu[i], "family": fam + (" (TF32)" if tf32 else ""),
+                         "pass": "backward" if s.op[i].endswith("_backward") else "forward",
+                         "ratio": pred / s.latency_ms[i]})
+    df = pd.DataFrame.from_records(rows)
+    df["err"] = 100.0 * (df.ratio - 1.0).abs()
+    return df.groupby(["gpu", "family", "pass"]).agg(
+        n=("err", "size"), mape=("err", "mean"), median_ratio=("ratio", "median")).reset_index()
+
+
 def cross_gpu_spread(data: Path) -> pd.DataFrame:
     """LOGO MAPE % of the same-shape oracle (see the module docstring), per
     family, held-out GPU and summary (median or max of the other GPUs except
@@ -509,6 +546,9 @@ def main(argv=None) -> int:
                          "(another GPU, never scored); repeatable")
     ap.add_argument("--plot", default=None, help="write predicted-vs-measured PNG here")
     ap.add_argument("--csv", default=None, help="write all scores here")
+    ap.add_argument("--unseen", action="append", default=[], metavar="CSV",
+                    help="only score the shipped op models on a measured-kernel file of a GPU "
+                         "outside their training data, per family and pass; repeatable")
     ap.add_argument("--spread", action="store_true",
                     help="only the cross-GPU spread of measured efficiency on identical shapes")
     ap.add_argument("--bandwidth", action="store_true",
@@ -527,6 +567,11 @@ def main(argv=None) -> int:
                     help="with --rows: also score the held-out op models (cached here, trained "
                          "where missing) on short and long rows")
     args = ap.parse_args(argv)
+    if args.unseen:
+        print(f"Shipped op models on a GPU outside their data: rows of at least "
+              f"{UNSEEN_MIN_MS * 1e3:g} us, priced as in a step")
+        print(unseen_scores(args.unseen).round(2).to_string(index=False))
+        return 0
     if args.rows:
         print("Softmax and layer norm: sustained DRAM bandwidth (tensor read once and written")
         print("once, over the measured time) / spec-sheet bandwidth, by row length")

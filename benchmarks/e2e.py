@@ -829,7 +829,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0,
                     help="with --logo: the op models' training seed (default 0, the shipped "
                     "recipe's)")
+    ap.add_argument("--extra", action="append", default=[], metavar="CSV",
+                    help="with --logo: also train every set on a measured-kernel file of "
+                    "benchmarks.measure_kernels (another GPU); repeatable")
     args = ap.parse_args(argv)
+    if args.extra and not args.logo:
+        ap.error("--extra applies to --logo only (for weights trained with another GPU's "
+                 "kernels: predictor train-models --extra FILE --out DIR, then --weights)")
     log = functools.partial(print, file=sys.stderr, flush=True)
     if args.sanity:
         sanity(args.cache_dir, args.refresh, log=log)
@@ -850,7 +856,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed and not args.logo:
         ap.error("--seed applies to --logo only (the shipped weights are seed 0; for other "
                  "seeds' weights: predictor train-models --seed N --out DIR, then --weights)")
-    weights_for = logo_weights(args.data, labels, log, seed=args.seed) if args.logo else None
+    weights_for = logo_weights(args.data, labels, log, seed=args.seed,
+                               extra=args.extra) if args.logo else None
     if args.weights is not None:
         from predictor.opmodel import read_weights
 
@@ -878,17 +885,20 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if args.check and not targets_met(summary) else 0
 
 
-def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None, seed: int = 0):
+def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None, seed: int = 0,
+                 extra=()):
     """Op-model weights per label GPU, each trained (the shipped recipe, seed
     0 unless `seed` says otherwise) on the per-kernel files of the other GPUs.
     Boards of the same chip (same architecture and SM count: A100-PCIE-40GB
-    and -80GB) leave together. `train_fn` replaces ``T.train`` (same signature)."""
+    and -80GB) leave together. `train_fn` replaces ``T.train`` (same signature).
+    `extra`: measured-kernel files of other GPUs (``datasets.load_measured``),
+    in every set whose held-out chip they are not."""
     from predictor import hardware
     from predictor.calibration import datasets as D
     from predictor.calibration import train as T
     from predictor.kernels import layout as L
 
-    samples = D.load_train(data)
+    samples = D.load_train(data, extra=extra, log=log)
     trained = sorted(set(samples.gpu))
 
     def chip(gpu_id):
