@@ -237,7 +237,8 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
 
     log("in-distribution: train on all GPUs, test on test/ shapes")
     evaluate("test", "all", train, test,
-             shipped_weights(seed, epochs, train) if more is None else None)
+             shipped_weights(seed, epochs, train if more is None
+                             else D.OpSamples.concat([train, more])))
     log("leave-one-GPU-out")
     for held in gpus:
         ev = D.OpSamples.concat([test.subset(test.gpu == held),

@@ -67,7 +67,9 @@ def predicted_tflops(gpu_id: str) -> float:
 
 
 def rows() -> list[dict]:
-    trained = {"A100-SXM4-80GB", "T4", "P4"}  # chips of the per-kernel training data
+    # The chips of the per-kernel training data (the shipped weights' own).
+    chips = opmodel.measured_chips()
+    trained = {g for g, _, _ in PUBLISHED if hardware.get(g).features[L.G_CHIP] in chips}
     out = []
     for gpu_id, measured, name in PUBLISHED:
         meas = float(np.median(measured))

@@ -537,9 +537,10 @@ def chip_corrections(samples: OpSamples, mlp: np.ndarray,
             without_bmm[1 + HEADER * G_BMM] = 0  # every GEMM by the matmul network
             pred_us = predicted_us(without_bmm)
         floor = floor_us(mlp, g)
-        own = (0.0,) + tuple((harness_floors or {}).get(g, ()))
-        meas_floor = np.array([own[h] if h < len(own) else floor for h in samples.harness])
-        meas_floor[samples.harness == 0] = floor
+        # Each row's measured side loses its own harness's floor.
+        floors = np.array((floor,) + tuple((harness_floors or {}).get(g, ())))
+        h = samples.harness
+        meas_floor = np.where(h < len(floors), floors[np.minimum(h, len(floors) - 1)], floor)
         for c in sorted(set(chip[rows]) - {0.0}):
             sel = rows & (chip == c) & (meas_us > 2 * meas_floor) & (pred_us > floor)
             if sel.sum() < MIN_CHIP_SAMPLES:

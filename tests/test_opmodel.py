@@ -660,9 +660,10 @@ def test_the_dram_bound_is_the_fastest_training_kernel(data_dir):
 
 def test_the_accuracy_harness_reuses_the_shipped_weights_for_their_own_recipe(data_dir):
     from benchmarks.accuracy import shipped_weights
+    from benchmarks.regression import EXTRA
     from predictor.calibration import datasets as D
 
-    train = D.load_train(data_dir)
+    train = D.load_train(data_dir, extra=EXTRA)
     assert shipped_weights(0, 60, train) is opmodel.shipped()[0]
     assert shipped_weights(1, 60, train) is None
     assert shipped_weights(0, 30, train) is None
