@@ -829,13 +829,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0,
                     help="with --logo: the op models' training seed (default 0, the shipped "
                     "recipe's)")
-    ap.add_argument("--extra", action="append", default=[], metavar="CSV",
-                    help="with --logo: also train every set on a measured-kernel file of "
-                    "benchmarks.measure_kernels (another GPU); repeatable")
+    ap.add_argument("--extra", action="append", default=None, metavar="CSV",
+                    help="with --logo: train every set on this measured-kernel file of "
+                    "benchmarks.measure_kernels (another GPU) beside the dataset; repeatable "
+                    "(default: the shipped weights' own, benchmarks/data/NVIDIA_H200.csv)")
+    ap.add_argument("--no-extra", action="store_true",
+                    help="with --logo: train on the dataset's five GPUs alone")
     args = ap.parse_args(argv)
-    if args.extra and not args.logo:
-        ap.error("--extra applies to --logo only (for weights trained with another GPU's "
-                 "kernels: predictor train-models --extra FILE --out DIR, then --weights)")
+    if (args.extra or args.no_extra) and not args.logo:
+        ap.error("--extra and --no-extra apply to --logo only (for weights trained with "
+                 "another GPU's kernels: predictor train-models --extra FILE --out DIR, then "
+                 "--weights)")
+    if args.extra is None:
+        from benchmarks.regression import EXTRA
+
+        args.extra = [] if args.no_extra else list(EXTRA)
     log = functools.partial(print, file=sys.stderr, flush=True)
     if args.sanity:
         sanity(args.cache_dir, args.refresh, log=log)

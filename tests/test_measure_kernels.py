@@ -236,4 +236,4 @@ def test_e2e_extra_needs_logo(capsys):
 
     with pytest.raises(SystemExit):
         E.main(["--data", str(Path(__file__).parent), "--extra", "x.csv"])
-    assert "--extra applies to --logo only" in capsys.readouterr().err
+    assert "apply to --logo only" in capsys.readouterr().err
