@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 import torch
@@ -40,12 +41,13 @@ MM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat1
 
 def _spec(device: torch.device):
     from predictor import hardware
+    from predictor.errors import UnknownGPUError
 
     if device.type != "cuda":
         return None
     try:
         return hardware.get(torch.cuda.get_device_name(device))
-    except Exception:  # an unknown board: measured figures only
+    except UnknownGPUError:  # a board the spec database lacks: measured figures only
         return None
 
 
@@ -53,8 +55,6 @@ def _time_ms(fn, device: torch.device, repeats: int) -> float:
     for _ in range(3):
         fn()
     if device.type != "cuda":
-        import time
-
         samples = []
         for _ in range(repeats):
             t0 = time.perf_counter()
