@@ -24,8 +24,9 @@ names them, the pass (forward / backward), the row's family and dims (d0-d11)
 and kernel count as the lowering writes them, the latency (ms, one execution),
 the device, torch and CUDA versions, and whether matmuls and convolutions ran
 in TF32 (``TF32 Matmul``, ``TF32 Conv``: both off, as the dataset measured
-them; a file without the columns ran PyTorch's defaults, TF32 convolutions). It is rewritten atomically after
-every op file, so a run cut off by a timeout keeps what it measured.
+them; a file without the columns ran PyTorch's defaults, TF32 convolutions).
+It is rewritten atomically after every op file, so a run cut off by a
+timeout keeps what it measured.
 ``predictor train-models --extra FILE`` trains on the file's rows beside the
 dataset's (``predictor.calibration.datasets.load_measured``).
 """
