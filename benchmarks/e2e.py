@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.regression import EXTRA
 from predictor.kernels.roofline import LAUNCH_US
 
 REPO = Path(__file__).resolve().parents[1]
@@ -841,8 +842,6 @@ def main(argv: list[str] | None = None) -> int:
                  "another GPU's kernels: predictor train-models --extra FILE --out DIR, then "
                  "--weights)")
     if args.extra is None:
-        from benchmarks.regression import EXTRA
-
         args.extra = [] if args.no_extra else list(EXTRA)
     log = functools.partial(print, file=sys.stderr, flush=True)
     if args.sanity:

@@ -69,40 +69,31 @@ def measure(out: Path, configs: dict, device: str) -> int:
 
 
 def rows(name: str, cfg, path: Path):
-    """(graph, per-row table) of one configuration: measured and predicted us
-    per execution, executions per step, family and dtype names."""
+    """(meta, per-row table) of one configuration: measured and predicted us
+    per execution (the engine's own per-row prices, ``Prediction.op_us``),
+    executions per step, family and dtype names."""
     import pandas as pd
 
     import predictor
     from predictor.calibration.file import load
-    from predictor.engine import model_params
     from predictor.kernels import layout as L
-    from predictor.kernels.optime import op_time_us
-    from predictor import hardware, opmodel
 
     graph = _trace(cfg)
     cal = load(path, graph)
     # A CPU calibration (the smoke test) is compared with an H200's prediction.
     spec_id = "H200-SXM-141GB" if cal.is_cpu else cal.device
-    gpu = hardware.get(spec_id).features
-    params = model_params(cfg[3] or None)
-    mlp = opmodel.weights()
+    p = predictor.predict(graph, spec_id, tf32_matmul=cfg[3] or None)
     ops = graph.ops
     dims = ops.dims(cfg[1])
-    recs = []
-    for i in range(len(ops.family)):
-        d = np.ascontiguousarray(dims[i], dtype=np.int64)
-        pred = op_time_us(int(ops.family[i]), int(ops.dtype[i]), int(ops.kernels[i]), d, gpu,
-                          params, mlp)
-        recs.append({"config": name, "row": i, "family": L.FAMILY_NAMES[int(ops.family[i])],
-                     "dtype": L.DTYPE_NAMES[int(ops.dtype[i])], "count": float(ops.count[i]),
-                     "dims": " ".join(str(x) for x in d[d != 0][:8]),
-                     "measured_us": float(cal.measured_us[0, i]), "predicted_us": pred})
-    df = pd.DataFrame.from_records(recs)
+    df = pd.DataFrame({"config": name, "row": np.arange(len(ops.family)),
+                       "family": [L.FAMILY_NAMES[int(f)] for f in ops.family],
+                       "dtype": [L.DTYPE_NAMES[int(t)] for t in ops.dtype],
+                       "count": ops.count.astype(float),
+                       "dims": [" ".join(str(x) for x in d[d != 0][:8]) for d in dims],
+                       "measured_us": cal.measured_us[0], "predicted_us": p.op_us})
     meta = {"config": name, "real_ms": float(cal.iteration_ms[0]),
             "ops_ms": float(cal.ops_ms[0]), "unmeasured_ms": float(cal.unmeasured_ms[0]),
-            "predicted_ms": predictor.predict(graph, spec_id,
-                                              tf32_matmul=cfg[3] or None).iteration_ms}
+            "predicted_ms": p.iteration_ms}
     return meta, df
 
 

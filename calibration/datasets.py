@@ -18,6 +18,7 @@ import pandas as pd
 from predictor import hardware
 from predictor.errors import InvalidArgumentError, UnknownGPUError
 from predictor.kernels import layout as L
+from predictor.kernels import precision
 from predictor.kernels import tiles as T
 
 BINARY = ("add", "mul", "div", "pow")
@@ -180,8 +181,6 @@ def ran_in_tf32(df: pd.DataFrame, gpu_ids: dict) -> np.ndarray:
     matmul or convolution with TF32 allowed, on a GPU that has TF32
     (compute capability 8.0 on). They are another kernel than the fp32 one
     the learned models describe."""
-    from predictor.kernels import precision
-
     tf32_gpu = {name: bool(precision.has_tf32(hardware.get(i).features))
                 for name, i in gpu_ids.items()}
     on_gpu = df["Device"].map(tf32_gpu).to_numpy(bool)

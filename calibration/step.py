@@ -23,6 +23,7 @@ import torch
 
 from predictor.calibration.measure import host_clock
 from predictor.frontend.autocast import AMP_DTYPES
+from predictor.frontend.fx import in_format, inputs_in_format
 
 
 class StepUnavailable(Exception):
@@ -90,8 +91,6 @@ def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
     # the real model's weights and inputs so too, as the trace assumed.
     fmt = getattr(source, "memory_format", None)
     if fmt is not None:
-        from predictor.frontend.fx import in_format, inputs_in_format
-
         for t in list(module.parameters()) + list(module.buffers()):
             t.data = in_format(t.data, fmt)
         inputs = inputs_in_format(inputs, fmt)
