@@ -63,6 +63,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks.regression import EXTRA
 from predictor import hardware
 from predictor.calibration import datasets as D
 from predictor.calibration import train as T
@@ -208,6 +209,11 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
     train_fn = train_fn or T.train
     train = D.load_train(data)
     more = D.load_measured(extra, log=log) if extra else None
+
+    def fit_set(s: D.OpSamples) -> D.OpSamples:
+        """A training set: `s` and the extra files' rows."""
+        return s if more is None else D.OpSamples.concat([s, more])
+
     test = D.load_test(data)
     rows: list[dict] = []
     points = {}
@@ -215,8 +221,6 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
 
     def evaluate(split: str, gpu: str, fit_on: D.OpSamples, ev: D.OpSamples, mlp=None):
         t0 = time.perf_counter()
-        if more is not None:
-            fit_on = D.OpSamples.concat([fit_on, more])
         if mlp is None:
             # Only the groups that price the scored rows: the others cannot
             # move a score (the A100-PCIE-80GB, scored on conv only, trains one).
@@ -236,16 +240,15 @@ def run(data: Path, *, epochs: int = 60, seed: int = 0, habitat_epochs: int = 30
             "learned MAPE " + ", ".join(f"{r['family']} {r['mape']:.1f}" for r in mine))
 
     log("in-distribution: train on all GPUs, test on test/ shapes")
-    evaluate("test", "all", train, test,
-             shipped_weights(seed, epochs, train if more is None
-                             else D.OpSamples.concat([train, more])))
+    everything = fit_set(train)
+    evaluate("test", "all", everything, test, shipped_weights(seed, epochs, everything))
     log("leave-one-GPU-out")
     for held in gpus:
         ev = D.OpSamples.concat([test.subset(test.gpu == held),
                                  train.subset((train.gpu == held) & (train.op == "conv"))])
         if held == "A100-PCIE-80GB":  # the conv files' A100: only conv data
             ev = train.subset((train.gpu == held) & (train.op == "conv"))
-        evaluate("logo", held, train.subset(train.gpu != held), ev)
+        evaluate("logo", held, fit_set(train.subset(train.gpu != held)), ev)
     return summarise(rows), points
 
 
@@ -272,15 +275,17 @@ def unseen_scores(paths, mlp=None) -> pd.DataFrame:
     for tf32 in (False, True):
         s = D.load_measured(paths, tf32=tf32)
         params = model_params(tf32_matmul=tf32, tf32_conv=tf32)
-        for i in np.flatnonzero(s.latency_ms >= UNSEEN_MIN_MS):
-            gpu = db.get(s.gpu[i]).features
-            pred = op_time_us(int(s.family[i]), L.F32, 1, np.ascontiguousarray(s.dims[i]), gpu,
-                              params, mlp) * 1e-3
-            fam = family_of(np.array([s.op[i].replace("_backward", "")]))[0]
-            rows.append({"gpu": s.gpu[i], "family": fam + (" (TF32)" if tf32 else ""),
-                         "pass": "backward" if s.op[i].endswith("_backward") else "forward",
-                         "ratio": pred / s.latency_ms[i]})
-    df = pd.DataFrame.from_records(rows)
+        s = s.subset(s.latency_ms >= UNSEEN_MIN_MS)
+        pred_ms = np.array([op_time_us(int(s.family[i]), L.F32, 1,
+                                       np.ascontiguousarray(s.dims[i]),
+                                       db.get(s.gpu[i]).features, params, mlp)
+                            for i in range(len(s))]) * 1e-3
+        backward = np.array([o.endswith("_backward") for o in s.op], dtype=bool)
+        fams = family_of(np.array([o.removesuffix("_backward") for o in s.op], dtype=object))
+        rows.append(pd.DataFrame({"gpu": s.gpu, "family": fams + (" (TF32)" if tf32 else ""),
+                                  "pass": np.where(backward, "backward", "forward"),
+                                  "ratio": pred_ms / s.latency_ms}))
+    df = pd.concat(rows, ignore_index=True)
     df["err"] = 100.0 * (df.ratio - 1.0).abs()
     return df.groupby(["gpu", "family", "pass"]).agg(
         n=("err", "size"), mape=("err", "mean"), median_ratio=("ratio", "median")).reset_index()
@@ -552,8 +557,12 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default=None, help="write predicted-vs-measured PNG here")
     ap.add_argument("--csv", default=None, help="write all scores here")
     ap.add_argument("--unseen", action="append", default=[], metavar="CSV",
-                    help="only score the shipped op models on a measured-kernel file of a GPU "
-                         "outside their training data, per family and pass; repeatable")
+                    help="only score op models on a measured-kernel file, per family and pass "
+                         "(a GPU outside their training data: see --weights); repeatable")
+    ap.add_argument("--weights", type=Path, metavar="FILE",
+                    help="with --unseen: these op models (an opmodels.npz of predictor "
+                         "train-models) instead of the shipped ones, which the H200's file "
+                         "trained")
     ap.add_argument("--spread", action="store_true",
                     help="only the cross-GPU spread of measured efficiency on identical shapes")
     ap.add_argument("--bandwidth", action="store_true",
@@ -572,10 +581,19 @@ def main(argv=None) -> int:
                     help="with --rows: also score the held-out op models (cached here, trained "
                          "where missing) on short and long rows")
     args = ap.parse_args(argv)
+    if args.weights is not None and not args.unseen:
+        ap.error("--weights applies to --unseen only")
     if args.unseen:
-        print(f"Shipped op models on a GPU outside their data: rows of at least "
+        from predictor.errors import PredictorError
+        from predictor.opmodel import read_weights
+
+        try:
+            mlp = read_weights(args.weights)[0] if args.weights is not None else None
+        except PredictorError as exc:
+            ap.error(str(exc))
+        print(f"{args.weights or 'Shipped op models'} on measured kernels: rows of at least "
               f"{UNSEEN_MIN_MS * 1e3:g} us, priced as in a step")
-        print(unseen_scores(args.unseen).round(2).to_string(index=False))
+        print(unseen_scores(args.unseen, mlp).round(2).to_string(index=False))
         return 0
     if args.rows:
         print("Softmax and layer norm: sustained DRAM bandwidth (tensor read once and written")
@@ -615,8 +633,6 @@ def main(argv=None) -> int:
         print(spread_table(cross_gpu_spread(Path(args.data))))
         return 0
     if args.extra is None:
-        from benchmarks.regression import EXTRA
-
         args.extra = [] if args.no_extra else list(EXTRA)
     df, points = run(Path(args.data), epochs=args.epochs, seed=args.seed, extra=args.extra)
     print()
