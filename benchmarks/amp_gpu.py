@@ -4,6 +4,7 @@ prediction for this GPU.
 
     python -m benchmarks.amp_gpu --json amp_gpu.json
     python -m benchmarks.amp_gpu --device cpu --models tiny   # smoke test, no GPU
+    python -m benchmarks.amp_gpu --reprice benchmarks/data/h200/amp_gpu.json   # no GPU
 
 1. ``torch.mm`` of square matrices (random data; warm-up, CUDA events, the
    median of ``--repeats``) in fp32 with TF32 off, with TF32 on, in bf16 and in
@@ -17,6 +18,8 @@ prediction for this GPU.
    (pure mode: no calibration).
 
 Made for a lent GPU inside one short session script (``benchmarks/gpu_session.sh``).
+``--reprice FILE`` prices the steps of a stored run again with the model as it
+is now (any machine): the measured steps stay what they were.
 """
 
 from __future__ import annotations
@@ -162,6 +165,37 @@ def steps(device: torch.device, models, iterations: int, log=print) -> list[dict
     return rows
 
 
+def reprice(path: str, log=print) -> list[dict]:
+    """The steps of a stored run (``--json``), predicted again for its GPU."""
+    import predictor
+
+    with open(path, encoding="utf-8") as f:
+        stored = json.load(f)
+    graphs: dict = {}
+    rows = []
+    for r in stored["steps"]:
+        if not r.get("measured_ms"):
+            continue
+        zoo_name, _ = MODELS[r["model"]]
+        amp, tf32 = PRECISIONS[r["precision"]]
+        key = (zoo_name, r["batch"], amp)
+        if key not in graphs:
+            graphs[key] = predictor.trace(zoo_name, batch_size=r["batch"], amp=amp,
+                                          optimizer="adam")
+        now = predictor.predict(graphs[key], stored["device"],
+                                tf32_matmul=tf32 or None).iteration_ms
+        m = r["measured_ms"]
+        row = {"model": r["model"], "batch": r["batch"], "precision": r["precision"],
+               "measured_ms": m, "stored_predicted_ms": r.get("predicted_ms"),
+               "predicted_ms": now, "error_pct": 100.0 * (now - m) / m}
+        rows.append(row)
+        was = r.get("error_pct")
+        log(f"  {r['model']} b{r['batch']} {r['precision']:<8} measured {m:.2f} ms, predicted "
+            f"{now:.2f} ms ({row['error_pct']:+.1f} %"
+            + (f"; stored {r['predicted_ms']:.2f} ms, {was:+.1f} %)" if was is not None else ")"))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="resnet50,bert-large",
@@ -171,7 +205,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--iterations", type=int, default=10, help="timed steps per model")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--reprice", metavar="FILE",
+                    help="no measuring: predict the steps of a stored --json run again")
     args = ap.parse_args(argv)
+    if args.reprice:
+        errs = [abs(r["error_pct"]) for r in reprice(args.reprice)]
+        if errs:
+            print(f"steps: mean |error| {np.mean(errs):.1f} % over {len(errs)}")
+        return 0
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:

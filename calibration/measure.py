@@ -14,7 +14,9 @@ so each family is mapped back to a torch call with the same work:
     conv / dgrad / wgrad   conv2d, aten.convolution_backward (one output mask each)
     attention (+ bwd)   F.scaled_dot_product_attention, its autograd backward
     lstm (+ bwd)        one nn.LSTM layer, its autograd backward
-    softmax, layer/batch norm (+ bwd), embedding (+ bwd), pooling (+ bwd), dropout
+    batch norm (+ bwd)  F.batch_norm (fp32 weights, the row's memory format), its
+                        autograd backward: the backend a real step gets
+    softmax, layer norm (+ bwd), embedding (+ bwd), pooling (+ bwd), dropout
                         the op itself on tensors holding the recorded element counts
     optimizer           the torch._foreach_* op over as many tensors as the row names
     elementwise, reduction, loss, copy, fill, unsupported
@@ -266,32 +268,42 @@ def _layer_norm_bwd(c: RowContext) -> Runner:
     return lambda: aten.native_layer_norm_backward(g, x, [inner], mean, rstd, w, b, mask)
 
 
-def _batch_norm_setup(c: RowContext):
+def _batch_norm_setup(c: RowContext, requires_grad: bool = False):
+    """The row's input (N, C, H, W) in its memory format, and fp32 weights and
+    running statistics as a module keeps them in fp32 training and under
+    autocast alike: PyTorch then picks the backend a real step gets (cuDNN for
+    fp32 and fp16 inputs, its own kernels for bf16;
+    kernels.roofline.per_channel_batch_norm_us)."""
     _, _, inner, channels = _mem(c)
     dt = c.float_dtype
     # inner = N * H * W: split the batch back out when it divides.
     n = c.batch if c.batch > 0 and inner % c.batch == 0 else 1
-    x = c.tensor(n, channels, inner // n, dtype=dt)
-    w, b = c.tensor(channels, dtype=dt), c.tensor(channels, dtype=dt)
-    rm, rv = torch.zeros(channels, dtype=dt, device=c.device), torch.ones(channels, dtype=dt,
-                                                                           device=c.device)
-    return x, w, b, rm, rv
+    hw = inner // n
+    w = max(d for d in range(1, math.isqrt(hw) + 1) if hw % d == 0)
+    x = c.tensor(n, channels, hw // w, w, dtype=dt)
+    if len(c.dims) > L.MEM_LAYOUT and c.dims[L.MEM_LAYOUT] > 0:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(requires_grad)
+    f32 = torch.float32
+    wt, b = c.tensor(channels, dtype=f32), c.tensor(channels, dtype=f32)
+    rm = torch.zeros(channels, dtype=f32, device=c.device)
+    rv = torch.ones(channels, dtype=f32, device=c.device)
+    return x, wt, b, rm, rv
 
 
 @builder(L.BATCH_NORM)
 def _batch_norm(c: RowContext) -> Runner:
     x, w, b, rm, rv = _batch_norm_setup(c)
     training = c.kernels > 1
-    return lambda: aten.native_batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5)
+    return lambda: F.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5)
 
 
 @builder(L.BATCH_NORM_BWD)
 def _batch_norm_bwd(c: RowContext) -> Runner:
-    x, w, b, rm, rv = _batch_norm_setup(c)
-    _, mean, invstd = aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
-    g = torch.randn_like(x)
-    return lambda: aten.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, True, 1e-5,
-                                                   [True, True, True])
+    x, w, b, rm, rv = _batch_norm_setup(c, requires_grad=True)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    return _autograd_backward(F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5), (x, w, b))
 
 
 # ------------------------------------------------ embedding, pool, dropout --

@@ -69,6 +69,9 @@ MEM_OUTER = 4
 # tensor-core kernels are NHWC, so it converts the input and filter
 # (nchwToNhwc) and the output back (nhwcToNchw). Priced only on a GPU where
 # the convolution runs on tensor cores (predictor.kernels.precision).
+# dims[5] of a BATCH_NORM / BATCH_NORM_BWD row: 1 when its input is
+# channels-last (kernels.roofline.per_channel_batch_norm_us prices an NCHW
+# one's per-channel passes).
 MEM_LAYOUT = 5
 
 MAX_DIMS = 12

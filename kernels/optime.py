@@ -19,7 +19,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
                                         learned_time_us, serving_group)
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
-from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US
+from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US, per_channel_batch_norm_us
 from predictor.kernels.roofline import op_time_us as analytical_time_us
 
 MAX_HIDDEN = 128
@@ -73,7 +73,18 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     """Time of one execution of a row on one GPU, microseconds. Rows in half
     precision or TF32 are priced as predictor.kernels.precision says; a
     convolution's layout transpose costs nothing where the convolution is not
-    on tensor cores."""
+    on tensor cores; a training batch norm in NCHW is never faster than its
+    per-channel passes (roofline.per_channel_batch_norm_us, on the row's own
+    dims and dtype)."""
+    t = _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp)
+    if family == L.BATCH_NORM or family == L.BATCH_NORM_BWD:
+        launches = kernels * params[P_LAUNCH_US]
+        t = per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
+    return t
+
+
+@njit(cache=True)
+def _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
@@ -99,6 +110,15 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     learned model plus the group's fixed per-measurement floor; the analytical
     model with one launch otherwise (tensor-core and half-precision rows as
     in op_time_us)."""
+    t = _isolated_time_us(family, dtype_code, d, gpu, params, mlp)
+    if family == L.BATCH_NORM or family == L.BATCH_NORM_BWD:
+        t = per_channel_batch_norm_us(family, dtype_code, d, gpu, t - params[P_LAUNCH_US]) \
+            + params[P_LAUNCH_US]
+    return t
+
+
+@njit(cache=True)
+def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)

@@ -159,6 +159,68 @@ def block_slots(gpu, per_sm_cap, threads):
     return max(int(per_sm), 1) * int(gpu[L.G_SMS])
 
 
+# Batch norm in training, channels-first (NCHW): the per-channel statistics
+# run one thread block per channel. PyTorch's kernels
+# (aten/src/ATen/native/cuda/Normalization.cuh: batch_norm_collect_statistics
+# and batch_norm_backward, MAX_BLOCK_SIZE = 512 threads) and cuDNN's NCHW
+# kernels (bn_fw_tr_1C11 / bn_bw_1C11) both walk a channel's N x H x W
+# elements with one block, each thread issuing one load and waiting for it
+# before the next step of its running sum. With C blocks on the GPU, a pass
+# over the tensor lasts ceil(C / resident blocks) x ceil(N H W / 512) such
+# steps, whatever the GPU's bandwidth: ResNet-50's first layer (C = 64, 1.6 M
+# elements per channel at batch 128) keeps under half of an H200's SMs busy
+# for 3,136 dependent steps. Channels-last tensors are reduced across many
+# blocks per channel and are not bound this way.
+BN_CHANNEL_THREADS = 512
+# One dependent step of a channel's pass (a DRAM round trip and the running
+# sum's update), us. Set from the H200's measured kernels of a ResNet-50
+# training step at batch 128 (benchmarks/data/h200/profile: the summed time of
+# each kernel kind over the steps its 53 layers take): PyTorch's statistics
+# kernel 0.50, its backward 0.57 per pass, cuDNN's forward 0.45, its backward
+# 0.46 per pass. One round figure for all four; the same on every GPU (DRAM
+# latency is a few hundred ns on all of them), an assumption the published
+# ResNet-50 figures of other GPUs check (benchmarks/README.md).
+BN_STEP_US = 0.5
+
+
+@njit(cache=True)
+def per_channel_batch_norm_us(family, dtype_code, d, gpu, t_stream):
+    """A batch-norm row's time without its launches, given `t_stream`, its time
+    at the bandwidth its bytes get (the roofline): where its per-channel passes
+    take longer, they set it (see BN_CHANNEL_THREADS).
+
+    - Forward in bf16: PyTorch's own kernels (cuDNN's are not used for bf16):
+      the statistics kernel (one read of the tensor, a third of the row's
+      bytes) is one per-channel pass; the normalising kernel streams.
+    - Forward in fp32 or fp16 (cuDNN, the autocast case): one kernel that
+      computes and applies the statistics, one per-channel pass.
+    - Backward: one kernel per channel for the reduction and the input
+      gradient, two per-channel passes.
+
+    Unchanged: inference (the forward reads its input once), channels-last
+    rows (dims[MEM_LAYOUT] = 1), and devices other than NVIDIA GPUs (no
+    compute capability: a CPU's row, an AMD GPU's, whose MIOpen and ROCm
+    kernels the measurements above do not describe)."""
+    if family != L.BATCH_NORM and family != L.BATCH_NORM_BWD:
+        return t_stream
+    if d.shape[0] > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0:
+        return t_stream
+    if family == L.BATCH_NORM and d[L.MEM_READ] < 2 * d[L.MEM_WRITTEN]:
+        return t_stream
+    if column_or(gpu, L.G_CC_MAJOR, 0.0) <= 0.0:
+        return t_stream
+    slots = block_slots(gpu, 32, BN_CHANNEL_THREADS)
+    channels = max(d[L.MEM_OUTER], 1)
+    steps = ((channels + slots - 1) // slots) \
+        * ((max(d[L.MEM_INNER], 1) + BN_CHANNEL_THREADS - 1) // BN_CHANNEL_THREADS)
+    t_pass = steps * BN_STEP_US
+    if family == L.BATCH_NORM_BWD:
+        return max(t_stream, 2.0 * t_pass)
+    if dtype_code == L.BF16:
+        return t_stream + max(0.0, t_pass - t_stream / 3.0)
+    return max(t_stream, t_pass)
+
+
 @njit(cache=True)
 def op_time_us(family, dtype_code, kernels, d, gpu, params):
     """Time of one execution of a row, microseconds (the analytical model)."""

@@ -487,10 +487,17 @@ def _group_norm_bwd(grad: TensorMeta, x: TensorMeta, mean, rstd, w, n, c, hw, gr
 
 
 def _bn_rows(family: int, x: TensorMeta, training: bool, reads: int, kernels: int) -> list[Row]:
+    """A batch norm's row: `inner` = N x H x W elements per channel, `outer` =
+    C. A channels-last input is flagged (dims[MEM_LAYOUT] = 1): its
+    statistics are reduced across many blocks per channel, where an NCHW
+    one's run one block per channel (kernels.roofline.per_channel_batch_norm_us)."""
     c = x.shape[1] if len(x.shape) > 1 else 1
     inner = x.numel // max(c, 1)
-    return [memory_row(family, reads * x.numel, x.numel, 6 * x.numel, inner, c,
-                       kernels if training else 1)]
+    family, dims, n = memory_row(family, reads * x.numel, x.numel, 6 * x.numel, inner, c,
+                                 kernels if training else 1)
+    if x.channels_last:
+        dims = dims + (1,)
+    return [(family, dims, n)]
 
 
 @register(aten.native_batch_norm, aten._native_batch_norm_legit,

@@ -538,13 +538,44 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
     return max(t_c, t_m) + launch
 
 
+def per_channel_batch_norm_us(family: int, dtype_code: int, d: Sequence[int],
+                              gpu: Sequence[float], t_stream: float) -> float:
+    """roofline.per_channel_batch_norm_us: a training NCHW batch norm on an
+    NVIDIA GPU lasts at least its per-channel passes of dependent steps."""
+    if family not in (L.BATCH_NORM, L.BATCH_NORM_BWD):
+        return t_stream
+    channels_last = len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0
+    inference = family == L.BATCH_NORM and d[L.MEM_READ] < 2 * d[L.MEM_WRITTEN]
+    nvidia = len(gpu) > L.G_CC_MAJOR and gpu[L.G_CC_MAJOR] > 0
+    if channels_last or inference or not nvidia:
+        return t_stream
+    threads = R.BN_CHANNEL_THREADS
+    slots = block_slots(gpu, 32, threads)
+    one_pass = _cdiv(max(d[L.MEM_OUTER], 1), slots) * _cdiv(max(d[L.MEM_INNER], 1), threads) \
+        * R.BN_STEP_US
+    if family == L.BATCH_NORM_BWD:  # reduction, then the input gradient
+        return max(t_stream, 2 * one_pass)
+    if dtype_code == L.BF16:  # PyTorch's statistics kernel, then a streaming one
+        return t_stream + max(0.0, one_pass - t_stream / 3)
+    return max(t_stream, one_pass)  # cuDNN: one kernel
+
+
 def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                gpu: Sequence[float], params, mlp) -> float:
     """Time of one execution of a row (us): the ideal roofline time over a
     learned efficiency where the row's group has a model, else the analytical
     roofline; tensor-core and half-precision rows as in kernels/precision.py;
     a convolution's layout transpose (dims[MEM_LAYOUT]) costs nothing where
-    the convolution is not on tensor cores."""
+    the convolution is not on tensor cores; a training NCHW batch norm lasts
+    at least its per-channel passes."""
+    t = _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp)
+    launches = kernels * params[R.P_LAUNCH_US]
+    return per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches \
+        if family in (L.BATCH_NORM, L.BATCH_NORM_BWD) else t
+
+
+def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
+                gpu: Sequence[float], params, mlp) -> float:
     if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0 \
             and tensor_core_peak(L.CONV, dtype_code, gpu, params) <= 0.0:
         return 0.0
