@@ -54,6 +54,17 @@ def memory_format(model: str, precision: str, source: str) -> str | None:
 # rows is a 16-bit model, `predict(dtype="float16")` of the fp32 trace (which
 # leaves out O2's per-step copy of the master weights and prices the
 # optimizer's rows in fp16: about 1 % of the step). `program` says which.
+# Both paths of run_squad.py clip the gradients every step (its GradientClipper,
+# apex's multi-tensor L2 norm and scale: `+clip`); the fp32 path's BertAdam
+# (DeepLearningExamples' optimization.py) updates one parameter at a time, a
+# kernel per operation (`-loop`: PyTorch's for-loop AdamW, 8 kernels a
+# parameter where BertAdam runs 9 to 11, without its own second norm), the
+# AMP path's FusedAdam all at once (multi-tensor, as `adamw`).
+def bert_optimizer(how: str) -> str:
+    """The optimizer a BERT-large row's step is traced with."""
+    return "adamw-loop+clip" if how == "fp32" else "adamw+clip"
+
+
 def program(model: str, precision: str, bert_amp: str = "o2") -> str:
     """How a published run's step is traced: 'o2' (DeepLearningExamples'
     BERT AMP: a 16-bit model; `bert_amp`="autocast" traces it under autocast
@@ -229,12 +240,13 @@ def _squad_loss(out):
     return (F.cross_entropy(start, target) + F.cross_entropy(end, target)) / 2
 
 
-def _trace(model: str, batch: int, amp, fmt=None, mode: str = "train"):
+def _trace(model: str, batch: int, amp, fmt=None, mode: str = "train",
+           optimizer: str = "adamw+clip"):
     import predictor
 
     if model == "bert-large-squad":
         return predictor.trace(_bert_squad, _squad_inputs, loss_fn=_squad_loss,
-                               batch_size=batch, amp=amp, optimizer="adamw",
+                               batch_size=batch, amp=amp, optimizer=optimizer,
                                name="bert-large-squad", memory_format=fmt, mode=mode)
     return predictor.trace(model, batch_size=batch, amp=amp, memory_format=fmt, mode=mode)
 
@@ -254,9 +266,10 @@ def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> l
         how = program(model, prec, bert_amp)
         amp = "fp16" if how == "autocast" else None
         fmt = memory_format(model, prec, source)
-        key = (model, amp, fmt)
+        opt = bert_optimizer(how)
+        key = (model, amp, fmt, opt if model == "bert-large-squad" else None)
         if key not in graphs:
-            graphs[key] = _trace(model, batch, amp, fmt, mode)
+            graphs[key] = _trace(model, batch, amp, fmt, mode, opt)
         p = predictor.predict(graphs[key], gpu, batch_size=batch,
                               dtype="float16" if how == "o2" else None,
                               tf32_matmul=True if prec == "tf32" else None)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from predictor.calibration.measure import host_clock
+from predictor.frontend import optimizers
 from predictor.frontend.autocast import AMP_DTYPES
 from predictor.frontend.fx import in_format, inputs_in_format
 
@@ -49,16 +50,15 @@ def _call(module: torch.nn.Module, inputs: Any) -> Any:
 
 
 def _optimizer(name: str | None, params: list[torch.nn.Parameter]):
-    """PyTorch's optimizer with the multi-tensor kernels the trace models."""
-    if name is None or not params:
+    """PyTorch's optimizer with the kernels the trace models: multi-tensor,
+    or the for-loop step for a ``-loop`` name (``predictor.frontend.optimizers``)."""
+    base, loop, _ = optimizers.parse(name)
+    if base is None or not params:
         return None
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-3, foreach=True)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, foreach=True)
-    raise StepUnavailable(f"no real optimizer for {name!r}")
+    make = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+    if base not in make:
+        raise StepUnavailable(f"no real optimizer for {name!r}")
+    return make[base](params, lr=1e-3, foreach=not loop)
 
 
 def build_module(source: Any, mode: str) -> torch.nn.Module:
@@ -111,6 +111,7 @@ def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
         loss_fn = default_loss
     params = [p for p in module.parameters() if p.requires_grad]
     opt = _optimizer(optimizer, params)
+    clip = optimizers.parse(optimizer)[2] and opt is not None
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
 
     def train() -> None:
@@ -121,6 +122,10 @@ def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
         else:
             loss.backward()
         if opt is not None:
+            if clip:
+                if scaler is not None:
+                    scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()

@@ -27,6 +27,7 @@ import numpy as np
 
 from predictor import dtypes
 from predictor.errors import FileFormatError, InvalidArgumentError
+from predictor.frontend import optimizers
 from predictor.io import MAX_NAME_CHARS, atomic_writer, printable, read_regular
 from predictor.kernels import layout as L
 from predictor.kernels.memory import peak_memory
@@ -588,7 +589,9 @@ def check_graph(graph: Any, where: str = "graph"):
     _one_line(graph.name, "name", bad)
     if graph.mode not in ("train", "inference"):
         raise bad(f"mode must be 'train' or 'inference', got {graph.mode!r}")
-    if graph.optimizer is not None and graph.optimizer not in ("adam", "adamw", "sgd"):
+    if graph.optimizer is not None and (not isinstance(graph.optimizer, str)
+                                        or optimizers.parse(graph.optimizer)[0]
+                                        not in optimizers.BASES):
         raise bad(f"unknown optimizer {graph.optimizer!r}")
     _whole(graph.batch_size, "batch_size", 1, MAX_BATCH, bad)
     _whole(graph.seq_len, "seq_len", 1, MAX_BATCH, bad, optional=True)

@@ -134,6 +134,26 @@ def test_gpt2_other_optimizers(optimizer):
            optimizer=optimizer)
 
 
+@pytest.mark.parametrize("optimizer", ["adamw-loop", "adamw-loop+clip"])
+def test_a_for_loop_or_clipped_step_traces_in_full(optimizer):
+    # Ops one per parameter outside every per-parameter list (a for-loop
+    # step), or sized by the parameter count (the clip's stacked norms).
+    spec = fx._spec_for(lambda: _gpt2(6), TOKENS, hf.causal_lm_loss, 0, None, None, "m")
+    assert blocks.replicated(spec, blocks.Stack("transformer.h", 6, _gpt2), "train",
+                             optimizer, None, None) is None
+    assert blocks.replicated(spec, blocks.Stack("transformer.h", 6, _gpt2), "train",
+                             "adamw+clip", None, None) is None
+    g = fx.trace(lambda: _gpt2(6), TOKENS, loss_fn=hf.causal_lm_loss, name="m",
+                 optimizer=optimizer)
+    from predictor.kernels import layout as L
+    opt = g.ops.phase == L.OPTIMIZER_PHASE
+    # the parameter update (addcdiv_) writes every trainable element once
+    d = g.ops.dims(2)
+    upd = [i for i in np.nonzero(opt)[0] if g.ops.op_names[g.ops.op[i]] == "addcdiv_"]
+    assert sum(int(d[i][L.MEM_WRITTEN]) * int(g.ops.count[i]) for i in upd) \
+        == g.trainable_parameters
+
+
 def test_gpt2_inference_and_mixed_precision():
     stack = blocks.Stack("transformer.h", 5, _gpt2)
     _check(stack, TOKENS, None, mode="inference")

@@ -47,11 +47,27 @@ def seq_len_arg(text: str) -> int:
     return _in_range(text, check_seq_len)
 
 
+OPTIMIZER_HELP = ("optimizer step to include (default: adam): adam, adamw, sgd or none; "
+                  "-loop for PyTorch's for-loop step (foreach=False), +clip for "
+                  "clip_grad_norm_ before it, e.g. adamw+clip, adam-loop")
+
+
+def optimizer_arg(text: str) -> str:
+    """--optimizer: a name predictor.frontend.optimizers.check accepts, in its
+    canonical form ("none" for none)."""
+    from predictor.errors import InvalidArgumentError
+    from predictor.frontend import optimizers
+
+    try:
+        return optimizers.check(text) or "none"
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_step_arguments(p: argparse.ArgumentParser, inference_help: str) -> None:
     """What step of MODEL is traced: sequence length, optimizer, or inference."""
     p.add_argument("--seq-len", type=seq_len_arg, help="sequence length for text models")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
-                   help="optimizer step to include (default: adam)")
+    p.add_argument("--optimizer", default="adam", type=optimizer_arg, help=OPTIMIZER_HELP)
     p.add_argument("--inference", action="store_true", help=inference_help)
     p.add_argument("--amp", default=None, choices=["bf16", "fp16", "fp8"],
                    help="mixed precision as torch.autocast('cuda', dtype) runs it (fp16 with a "

@@ -10,9 +10,10 @@ import json
 import os
 import sys
 
-from predictor.commands.common import (add_format_arguments, add_spec_argument, console, fmt,
-                                       load_specs, parse_batch_sizes, positive_int,
-                                       precision_fields, print_notes_stderr, tf32_note)
+from predictor.commands.common import (OPTIMIZER_HELP, add_format_arguments, add_spec_argument,
+                                       console, fmt, load_specs, optimizer_arg,
+                                       parse_batch_sizes, positive_int, precision_fields,
+                                       print_notes_stderr, tf32_note)
 from predictor.commands.search import _constraints, _fraction, _prices
 from predictor.text import precision_words
 
@@ -74,8 +75,7 @@ def add_parser(sub) -> None:
                    help="candidates per task (default 1)")
     p.add_argument("--inference", action="store_true",
                    help="predict a no-grad forward pass instead of a training step")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd", "none"],
-                   help="optimizer step to include (default: adam)")
+    p.add_argument("--optimizer", default="adam", type=optimizer_arg, help=OPTIMIZER_HELP)
     p.add_argument("--amp", default=None, choices=["bf16", "fp16", "fp8"],
                    help="trace each candidate under mixed precision as "
                         "torch.autocast('cuda', dtype) runs it (fp16 with a GradScaler; fp8: "

@@ -52,7 +52,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from predictor import families, lowering, zoo
 from predictor.errors import UnknownModelError
-from predictor.frontend import autocast, layout_pass, memory_pass
+from predictor.frontend import autocast, layout_pass, memory_pass, optimizers
 from predictor.kernels import layout as L
 from predictor.lowering import BatchScaler
 from predictor.optable import Graph, LayoutProfile, MemoryProfile, OpTable
@@ -327,6 +327,12 @@ def replicated(spec, stack: Stack, mode: str, optimizer: str | None, amp: str | 
         log.debug("blocks: not replicating, unknown fields %s", sorted(unknown))
         return None
     try:
+        _, loop, clip = optimizers.parse(optimizer)
+        if mode == "train" and (loop or clip):
+            # A for-loop step's ops are one per parameter, outside every
+            # per-parameter list this extracts again over the N blocks; the
+            # clip's stacked norms are a tensor one element per parameter.
+            raise NotReplicable(f"the optimizer {optimizer}: ops sized by the parameter count")
         return _replicate(spec, stack, mode, optimizer, amp, trace_small)
     except NotReplicable as exc:
         log.debug("blocks: tracing %s in full: %s", spec.name, exc)

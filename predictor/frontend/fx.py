@@ -417,7 +417,9 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     example_inputs: a tuple of tensors (only shapes and dtypes are used), a
         dict of keyword inputs, or a callable ``batch_size -> inputs``.
     loss_fn: ``output -> scalar``; default ``.loss`` or the mean of the first tensor.
-    optimizer: "adam", "adamw", "sgd" or None (no optimizer step).
+    optimizer: "adam", "adamw", "sgd" or None (no optimizer step), with "-loop"
+        for PyTorch's for-loop step (foreach=False) and/or "+clip" for
+        ``clip_grad_norm_`` before it (``predictor.frontend.optimizers``).
     mode: "train" (forward + loss + backward + optimizer) or "inference" (no-grad forward).
     batch_dim: the input dim that is the batch (None: nothing scales with it).
     seq_len: a zoo text model's sequence length (refused for models without one:

@@ -5,6 +5,17 @@ a handful of ``_foreach_*`` kernels over all parameters at once. The functional
 optimizers in ``torch.optim`` read the step counter with ``.item()``, which a
 fake-tensor trace cannot do, so the same kernel sequence is written out here
 (bias corrections are host-side Python floats on the GPU path too).
+
+An optimizer name is a base name with optional variants, ``BASE[-loop][+clip]``:
+
+- ``adam``, ``adamw``, ``sgd``: the base step (``none``: no step);
+- ``-loop``: the for-loop implementation (``foreach=False``, PyTorch's
+  ``_single_tensor_*``), a kernel per parameter per operation, as custom
+  per-parameter optimizers run too (the original BERT's ``BertAdam``);
+- ``+clip``: ``torch.nn.utils.clip_grad_norm_`` before the step (the default
+  of Hugging Face's Trainer, ``max_grad_norm=1.0``): a multi-tensor norm of
+  every gradient, the total, and a multi-tensor scale of every gradient. The
+  maximum norm changes no kernel's cost, so it is not part of the name.
 """
 
 from __future__ import annotations
@@ -13,45 +24,84 @@ import torch
 
 from predictor.errors import InvalidArgumentError
 
-OPTIMIZERS = ("adam", "adamw", "sgd", None)
+BASES = ("adam", "adamw", "sgd")
+OPTIMIZERS = BASES + (None,)
+LOOP, CLIP = "-loop", "+clip"
+FORMS = "adam, adamw, sgd or none, with -loop (foreach=False) and/or +clip (clip_grad_norm_)"
+
+
+def parse(name: str | None) -> tuple[str | None, bool, bool]:
+    """(base, loop, clip) of a checked name."""
+    if name is None:
+        return None, False, False
+    clip = name.endswith(CLIP)
+    if clip:
+        name = name[: -len(CLIP)]
+    loop = name.endswith(LOOP)
+    if loop:
+        name = name[: -len(LOOP)]
+    return name, loop, clip
 
 
 def check(name: str | None) -> str | None:
-    if name is not None:
-        name = str(name).lower()
-        if name == "none":
-            return None
-    if name not in OPTIMIZERS:
-        raise InvalidArgumentError(
-            f"unknown optimizer {name!r}; choose one of adam, adamw, sgd, none")
-    return name
+    """The canonical form of an optimizer name (None for none); anything else
+    is an InvalidArgumentError listing the forms."""
+    if name is None:
+        return None
+    text = str(name).strip().lower().replace("_", "-")
+    if text == "none":
+        return None
+    base, loop, clip = parse(text)
+    if base not in BASES:
+        raise InvalidArgumentError(f"unknown optimizer {name!r}; choose one of {FORMS} "
+                                   "(e.g. adamw, adamw+clip, adam-loop)")
+    return base + (LOOP if loop else "") + (CLIP if clip else "")
 
 
 def state_for(name: str | None, params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     """Optimizer state tensors (created outside the traced step, like a real
     optimizer's state after its first step)."""
-    if name in ("adam", "adamw"):
+    if parse(name)[0] in ("adam", "adamw"):
         return [[torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]]
     return []
 
 
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float = 1.0) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` on CUDA (its foreach path): the norm
+    of each gradient in one multi-tensor kernel, their norm, the clip
+    coefficient clamped at 1, and one multi-tensor scale of every gradient."""
+    if not grads:
+        return
+    norms = torch._foreach_norm(grads, 2.0)
+    total = torch.linalg.vector_norm(torch.stack(list(norms)), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, coef)
+
+
 def step(name: str | None, params: list[torch.Tensor], grads: list[torch.Tensor],
          state: list[list[torch.Tensor]], lr: float = 1e-3, weight_decay: float = 0.0) -> None:
-    """One optimizer step over all parameters, mirroring ``_multi_tensor_*``.
+    """One optimizer step over all parameters, mirroring ``_multi_tensor_*``
+    (``-loop``: ``_single_tensor_*``), gradients clipped first for ``+clip``.
 
     The hyper-parameters are PyTorch's defaults (torch.optim.Adam, AdamW and
     SGD docs, https://pytorch.org/docs/stable/optim.html): lr=1e-3,
     betas=(0.9, 0.999), eps=1e-8, weight_decay=0 for Adam and 1e-2 for AdamW.
     lr, betas and eps are scalars of the kernels and change no kernel's cost;
     a non-zero weight_decay adds a kernel to Adam's step."""
-    if name is None or not params:
+    base, loop, clip = parse(name)
+    if base is None or not params:
         return
-    if name == "sgd":
+    if clip:
+        clip_grad_norm(grads)
+    if loop:
+        _loop_step(base, params, grads, state, lr, weight_decay)
+        return
+    if base == "sgd":
         torch._foreach_add_(params, grads, alpha=-lr)
         return
     exp_avg, exp_avg_sq = state
     beta1, beta2, eps = 0.9, 0.999, 1e-8  # torch.optim.Adam/AdamW defaults
-    if name == "adamw":
+    if base == "adamw":
         torch._foreach_mul_(params, 1 - lr * 0.01)  # AdamW's default weight_decay=1e-2
     elif weight_decay:
         grads = torch._foreach_add(grads, params, alpha=weight_decay)
@@ -64,3 +114,26 @@ def step(name: str | None, params: list[torch.Tensor], grads: list[torch.Tensor]
     torch._foreach_div_(denom, bias_correction2_sqrt)
     torch._foreach_add_(denom, eps)
     torch._foreach_addcdiv_(params, exp_avg, denom, -step_size)
+
+
+def _loop_step(base: str, params: list[torch.Tensor], grads: list[torch.Tensor],
+               state: list[list[torch.Tensor]], lr: float, weight_decay: float) -> None:
+    """PyTorch's ``_single_tensor_adam`` / ``_single_tensor_sgd`` (no momentum,
+    not capturable): the same operations as the foreach step, one parameter
+    at a time, each a kernel of its own."""
+    if base == "sgd":
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-lr)
+        return
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    bias_correction2_sqrt = (1 - beta2) ** 0.5
+    step_size = lr / (1 - beta1)
+    for p, g, m, v in zip(params, grads, *state):
+        if base == "adamw":
+            p.mul_(1 - lr * 0.01)
+        elif weight_decay:
+            g = g.add(p, alpha=weight_decay)
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
+        p.addcdiv_(m, denom, value=-step_size)

@@ -1,0 +1,101 @@
+"""Optimizer steps: the foreach step, the for-loop step (-loop) and gradient
+clipping (+clip), through the trace, the engine and the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import predictor
+from predictor import cli
+from predictor.errors import InvalidArgumentError
+from predictor.frontend import optimizers
+from predictor.kernels import layout as L
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 8)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def _trace(optimizer):
+    return predictor.trace(_MLP(), (torch.randn(4, 64),), optimizer=optimizer)
+
+
+def _opt_rows(g):
+    ops = g.ops
+    sel = np.nonzero(ops.phase == L.OPTIMIZER_PHASE)[0]
+    return [(ops.op_names[ops.op[i]], int(ops.count[i])) for i in sel]
+
+
+@pytest.mark.parametrize("text,canonical", [
+    ("adam", "adam"), ("AdamW", "adamw"), ("sgd", "sgd"), ("none", None), (None, None),
+    ("adamw+clip", "adamw+clip"), ("adam-loop", "adam-loop"), ("adam_loop", "adam-loop"),
+    ("sgd-loop+clip", "sgd-loop+clip"),
+])
+def test_names(text, canonical):
+    assert optimizers.check(text) == canonical
+
+
+@pytest.mark.parametrize("text", ["rmsprop", "adam+loop", "adam-clip", "clip", "adamw+clip-loop"])
+def test_unknown_names_list_the_forms(text):
+    with pytest.raises(InvalidArgumentError, match="-loop.*\\+clip"):
+        optimizers.check(text)
+
+
+def test_loop_step_is_one_kernel_per_parameter_and_operation():
+    n_params = len(list(_MLP().parameters()))
+    foreach, loop = _opt_rows(_trace("adamw")), _opt_rows(_trace("adamw-loop"))
+    # foreach: each operation one kernel over every parameter (8 for AdamW)
+    assert sum(count for _, count in foreach) == 8
+    # for-loop: PyTorch's _single_tensor_adamw, 8 kernels a parameter
+    assert sum(count for _, count in loop) == 8 * n_params
+    assert {name for name, _ in loop} == {"mul_", "lerp_", "addcmul_", "sqrt", "div", "add_",
+                                          "addcdiv_"}
+    assert sum(count for name, count in loop if name == "addcdiv_") == n_params
+
+
+def test_same_bytes_more_launches():
+    foreach, loop = _trace("adamw"), _trace("adamw-loop")
+    for g in (foreach, loop):
+        assert g.trainable_parameters == sum(p.numel() for p in _MLP().parameters())
+    p0 = predictor.predict(foreach, "A100-SXM4-80GB")
+    p1 = predictor.predict(loop, "A100-SXM4-80GB")
+    assert p1.optimizer_ms > p0.optimizer_ms  # kernels of a few thousand elements: launches
+    assert p1.forward_ms == pytest.approx(p0.forward_ms)
+    assert loop.host_ops[L.OPTIMIZER_PHASE] > foreach.host_ops[L.OPTIMIZER_PHASE]
+
+
+def test_clip_adds_a_norm_and_a_scale_of_every_gradient():
+    plain, clipped = _opt_rows(_trace("sgd")), _opt_rows(_trace("sgd+clip"))
+    added = [name for name, _ in clipped if name not in {n for n, _ in plain}]
+    assert "_foreach_norm" in added and "_foreach_mul_" in added and "stack" in added
+    g = _trace("sgd+clip")
+    d = g.ops.dims(4)
+    norm = [i for i in range(len(g.ops.family))
+            if g.ops.op_names[g.ops.op[i]] == "_foreach_norm"]
+    assert len(norm) == 1 and int(d[norm[0]][L.MEM_READ]) == g.trainable_parameters
+
+
+def test_fp16_autocast_unscales_before_clipping():
+    g = predictor.trace(_MLP(), (torch.randn(4, 64),), optimizer="adamw+clip", amp="fp16")
+    names = [n for n, _ in _opt_rows(g)]
+    assert names.index("_amp_foreach_non_finite_check_and_unscale_") < names.index("_foreach_norm")
+
+
+def test_cli_takes_the_variants_and_refuses_others(capsys):
+    assert cli.main(["predict", "dcgan", "-b", "4", "--gpus", "T4", "--optimizer",
+                     "adamw-loop+clip", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["predictions"][0]["optimizer_ms"] > 0
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["predict", "dcgan", "-b", "4", "--gpus", "T4", "--optimizer", "lion"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown optimizer 'lion'" in err and "+clip" in err
