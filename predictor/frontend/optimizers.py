@@ -20,9 +20,15 @@ An optimizer name is a base name with optional variants, ``BASE[-loop][+clip]``:
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from predictor.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+# The names are checked without torch (a graph loaded from disk is validated
+# by predictor.optable, which never imports it); the steps import it.
 
 BASES = ("adam", "adamw", "sgd")
 OPTIMIZERS = BASES + (None,)
@@ -61,6 +67,8 @@ def check(name: str | None) -> str | None:
 def state_for(name: str | None, params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     """Optimizer state tensors (created outside the traced step, like a real
     optimizer's state after its first step)."""
+    import torch
+
     if parse(name)[0] in ("adam", "adamw"):
         return [[torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]]
     return []
@@ -70,6 +78,8 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float = 1.0) -> None:
     """``torch.nn.utils.clip_grad_norm_`` on CUDA (its foreach path): the norm
     of each gradient in one multi-tensor kernel, their norm, the clip
     coefficient clamped at 1, and one multi-tensor scale of every gradient."""
+    import torch
+
     if not grads:
         return
     norms = torch._foreach_norm(grads, 2.0)
@@ -88,6 +98,8 @@ def step(name: str | None, params: list[torch.Tensor], grads: list[torch.Tensor]
     betas=(0.9, 0.999), eps=1e-8, weight_decay=0 for Adam and 1e-2 for AdamW.
     lr, betas and eps are scalars of the kernels and change no kernel's cost;
     a non-zero weight_decay adds a kernel to Adam's step."""
+    import torch
+
     base, loop, clip = parse(name)
     if base is None or not params:
         return
