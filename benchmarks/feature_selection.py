@@ -2,13 +2,16 @@
 
     python -m benchmarks.feature_selection --group matmul --drop 6 --add l2
     python -m benchmarks.feature_selection --group elementwise --drop 6
+    python -m benchmarks.feature_selection --group matmul --no-extra   # the five GPUs alone
 
 For one model group, trains on four GPUs and scores the fifth's *training*
 shapes (never the test split), for each of the five GPUs, with the features of
 ``predictor.kernels.features`` as they are, with some columns zeroed
 (``--drop``), or with candidate columns appended (``--add``). Prints the MAPE
 per held-out GPU and per op, and the mean over held-out GPUs without the
-power-throttled P4, the number the feature set was chosen by.
+power-throttled P4, the number the feature set was chosen by. Every training
+set also holds the rows of the shipped weights' measured-kernel files (the
+H200's, ``benchmarks.regression.EXTRA``; ``--no-extra`` leaves them out).
 
 ``--oracle-dram`` is a bound, not a candidate: memory-bound rows get their
 ideal time (and feature 1) at each GPU's own highest sustained DRAM fraction
@@ -253,16 +256,22 @@ def model_features(s: D.OpSamples, drop=(), add=(), dram=None):
 
 def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: int = 60,
              log=print, head: str = "sigmoid", ensemble: int = 1,
-             oracle_dram: bool = False) -> dict[str, dict[str, float]]:
+             oracle_dram: bool = False, extra=()) -> dict[str, dict[str, float]]:
     """MAPE % per held-out GPU and op. `ensemble` > 1: the shipped recipe,
     that many networks distilled into one (``train.fit_distilled``; sigmoid
-    head only); 1: a single network, about ensemble + 2 times faster."""
+    head only); 1: a single network, about ensemble + 2 times faster.
+    `extra`: measured-kernel files (``benchmarks.measure_kernels``) whose rows
+    join every training set, as the shipped weights are trained; their GPUs
+    are not held out (the five of the shared data are)."""
     train = D.load_train(data)
+    five = sorted(set(train.gpu))
+    if extra:
+        train = D.OpSamples.concat([train, D.load_measured(extra, log=log)])
     tiles_bench.DATA[0] = Path(data)
     dram = own_dram_fractions(data) if oracle_dram else None
     featurize = lambda s: model_features(s, drop, add, dram)  # noqa: E731
     out = {}
-    for held in sorted(set(train.gpu)):
+    for held in five:
         fit_on = train.subset(train.gpu != held)
         ev = train.subset(train.gpu == held)
         x, ideal, g, t = featurize(fit_on)
@@ -280,9 +289,10 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
         else:
             xm, im, _, _ = featurize(T.doubled(fit_on, seed))
             probes = T.probe_features(group, fit_on.subset(mask), seed, featurize)
+            harness = fit_on.harness[mask] if fit_on.harness.any() else None
             model = T.fit_group(group, x[mask], ideal[mask], t[mask], x_more=xm[mask],
                                 ideal_more=im[mask], probes=probes, seed=seed + group,
-                                epochs=epochs, head=head)
+                                epochs=epochs, head=head, harness=harness)
         err = np.abs(model.times_us(xe[em], ie[em]) - te[em]) / te[em] * 100.0
         fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
@@ -306,6 +316,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ensemble", type=int, default=1,
                     help="networks distilled into one, as the shipped weights are trained "
                     f"(train.ENSEMBLE = {T.ENSEMBLE}); default 1, a single network")
+    ap.add_argument("--extra", action="append", default=None, metavar="CSV",
+                    help="a measured-kernel file whose rows join every training set (repeat "
+                         "for more; default: the shipped weights' own, "
+                         "benchmarks.regression.EXTRA)")
+    ap.add_argument("--no-extra", action="store_true",
+                    help="train on the shared data's five GPUs alone")
     ap.add_argument("--oracle-dram", action="store_true",
                     help="a bound: memory-bound rows priced at each GPU's own highest "
                          "sustained DRAM fraction (reads the held-out GPU's data)")
@@ -320,9 +336,13 @@ def main(argv=None) -> int:
         if a not in CANDIDATES and a not in FROM_FEATURES:
             ap.error(f"unknown candidate {a!r}; choose from "
                      f"{', '.join([*CANDIDATES, *FROM_FEATURES])}")
+    if args.extra is None:
+        from benchmarks.regression import EXTRA
+
+        args.extra = [] if args.no_extra else list(EXTRA)
     res = validate(Path(args.data), features.GROUP_NAMES.index(args.group), drop=drop, add=add,
                    seed=args.seed, epochs=args.epochs, head=args.head, ensemble=args.ensemble,
-                   oracle_dram=args.oracle_dram)
+                   oracle_dram=args.oracle_dram, extra=args.extra)
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
     oracle = " oracle-dram" if args.oracle_dram else ""
