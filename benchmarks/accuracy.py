@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.regression import EXTRA
+from benchmarks.regression import add_extra_arguments, extra_files
 from predictor import hardware
 from predictor.calibration import datasets as D
 from predictor.calibration import train as T
@@ -547,13 +547,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default="../shared/data/neusight")
     ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--extra", action="append", default=None, metavar="CSV",
-                    help="train every set on this measured-kernel file of "
-                         "benchmarks.measure_kernels (another GPU, never scored) beside the "
-                         "dataset; repeatable (default: the shipped weights' own, "
-                         "benchmarks/data/NVIDIA_H200.csv)")
-    ap.add_argument("--no-extra", action="store_true",
-                    help="train on the dataset's five GPUs alone")
+    add_extra_arguments(ap)
     ap.add_argument("--plot", default=None, help="write predicted-vs-measured PNG here")
     ap.add_argument("--csv", default=None, help="write all scores here")
     ap.add_argument("--unseen", action="append", default=[], metavar="CSV",
@@ -632,9 +626,8 @@ def main(argv=None) -> int:
         print("measured efficiency on the same test shape (median or max of them)")
         print(spread_table(cross_gpu_spread(Path(args.data))))
         return 0
-    if args.extra is None:
-        args.extra = [] if args.no_extra else list(EXTRA)
-    df, points = run(Path(args.data), epochs=args.epochs, seed=args.seed, extra=args.extra)
+    df, points = run(Path(args.data), epochs=args.epochs, seed=args.seed,
+                     extra=extra_files(args))
     print()
     print(f"MAPE % by family (LOGO: mean over held-out GPUs except {', '.join(EXCLUDED_FROM_MEAN)})")
     print(table(df))

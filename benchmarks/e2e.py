@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.regression import EXTRA
+from benchmarks.regression import add_extra_arguments, extra_files
 from predictor.kernels.roofline import LAUNCH_US
 
 REPO = Path(__file__).resolve().parents[1]
@@ -830,19 +830,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0,
                     help="with --logo: the op models' training seed (default 0, the shipped "
                     "recipe's)")
-    ap.add_argument("--extra", action="append", default=None, metavar="CSV",
-                    help="with --logo: train every set on this measured-kernel file of "
-                    "benchmarks.measure_kernels (another GPU) beside the dataset; repeatable "
-                    "(default: the shipped weights' own, benchmarks/data/NVIDIA_H200.csv)")
-    ap.add_argument("--no-extra", action="store_true",
-                    help="with --logo: train on the dataset's five GPUs alone")
+    add_extra_arguments(ap, "with --logo: ")
     args = ap.parse_args(argv)
     if (args.extra or args.no_extra) and not args.logo:
         ap.error("--extra and --no-extra apply to --logo only (for weights trained with "
                  "another GPU's kernels: predictor train-models --extra FILE --out DIR, then "
                  "--weights)")
-    if args.extra is None:
-        args.extra = [] if args.no_extra else list(EXTRA)
+    args.extra = extra_files(args)
     log = functools.partial(print, file=sys.stderr, flush=True)
     if args.sanity:
         sanity(args.cache_dir, args.refresh, log=log)

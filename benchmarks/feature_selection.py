@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import tiles as tiles_bench
+from benchmarks.regression import add_extra_arguments, extra_files
 from benchmarks.accuracy import _gpu_arrays, dram_fractions, family_of
 from predictor import hardware
 from predictor.calibration import datasets as D
@@ -316,12 +317,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ensemble", type=int, default=1,
                     help="networks distilled into one, as the shipped weights are trained "
                     f"(train.ENSEMBLE = {T.ENSEMBLE}); default 1, a single network")
-    ap.add_argument("--extra", action="append", default=None, metavar="CSV",
-                    help="a measured-kernel file whose rows join every training set (repeat "
-                         "for more; default: the shipped weights' own, "
-                         "benchmarks.regression.EXTRA)")
-    ap.add_argument("--no-extra", action="store_true",
-                    help="train on the shared data's five GPUs alone")
+    add_extra_arguments(ap)
     ap.add_argument("--oracle-dram", action="store_true",
                     help="a bound: memory-bound rows priced at each GPU's own highest "
                          "sustained DRAM fraction (reads the held-out GPU's data)")
@@ -336,13 +332,9 @@ def main(argv=None) -> int:
         if a not in CANDIDATES and a not in FROM_FEATURES:
             ap.error(f"unknown candidate {a!r}; choose from "
                      f"{', '.join([*CANDIDATES, *FROM_FEATURES])}")
-    if args.extra is None:
-        from benchmarks.regression import EXTRA
-
-        args.extra = [] if args.no_extra else list(EXTRA)
     res = validate(Path(args.data), features.GROUP_NAMES.index(args.group), drop=drop, add=add,
                    seed=args.seed, epochs=args.epochs, head=args.head, ensemble=args.ensemble,
-                   oracle_dram=args.oracle_dram, extra=args.extra)
+                   oracle_dram=args.oracle_dram, extra=extra_files(args))
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
     oracle = " oracle-dram" if args.oracle_dram else ""

@@ -250,6 +250,25 @@ def _summary_text(E, summary) -> str:
 EXTRA = (Path(__file__).resolve().parent / "data" / "NVIDIA_H200.csv",)
 
 
+def add_extra_arguments(ap: argparse.ArgumentParser, when: str = "") -> None:
+    """A harness's --extra CSV (repeatable) and --no-extra, `when` prefixing
+    their help ("with --logo: ")."""
+    ap.add_argument("--extra", action="append", default=None, metavar="CSV",
+                    help=f"{when}train every set on this measured-kernel file of "
+                         "benchmarks.measure_kernels (another GPU, never scored) beside the "
+                         "dataset; repeatable (default: the shipped weights' own, "
+                         "benchmarks/data/NVIDIA_H200.csv)")
+    ap.add_argument("--no-extra", action="store_true",
+                    help=f"{when}train on the dataset's five GPUs alone")
+
+
+def extra_files(args: argparse.Namespace) -> list:
+    """The files --extra / --no-extra name (default EXTRA)."""
+    if args.extra is None:
+        return [] if args.no_extra else list(EXTRA)
+    return list(args.extra)
+
+
 def compute(data: Path, log=print) -> dict[str, float]:
     """Every figure, from fresh runs of the two harnesses."""
     from benchmarks import accuracy as A
