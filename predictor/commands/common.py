@@ -119,6 +119,14 @@ def precision_text(graph, dtype: str | None = None, tf32: bool = False) -> str:
     return precision_words(getattr(graph, "amp", None), dtype, tf32, traced)
 
 
+def step_text(graph) -> str:
+    """The traced step for a title: its mode, and for training an optimizer
+    other than the default Adam ("train, adamw+clip"; "train, no optimizer")."""
+    if graph.mode != "train" or graph.optimizer == "adam":
+        return graph.mode
+    return f"train, {graph.optimizer or 'no optimizer'}"
+
+
 def add_spec_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", action="append", default=[], metavar="FILE",
                    help="extra GPU spec file (TOML, same layout as the built-in one)")

@@ -10,7 +10,8 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argume
                                        add_spec_argument, add_step_arguments, batch_size_arg,
                                        console, error_cell, json_records, load_specs, notes,
                                        positive_int, precision_fields, precision_text,
-                                       print_notes_stderr, targets, trace_from_args)
+                                       print_notes_stderr, step_text, targets,
+                                       trace_from_args)
 
 NAME = "predict"
 
@@ -173,7 +174,7 @@ def print_table(graph, df, lines=(), fraction: float = 0.9,
     from predictor.text import flops_text
 
     flops = sum(graph.flops().values())
-    title = (f"{graph.name} · {graph.mode} · batch {graph.batch_size}"
+    title = (f"{graph.name} · {step_text(graph)} · batch {graph.batch_size}"
              + (f" · seq {graph.seq_len}" if graph.seq_len else "")
              + f" · {graph.parameters / 1e6:,.1f} M params · {flops_text(flops)} · {precision}")
     table = Table(title=title, title_justify="left")

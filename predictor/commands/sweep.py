@@ -115,6 +115,8 @@ def _add_cost(best, res) -> None:
 
 def _title(graph, args) -> str:
     parts = [graph.name, "training step" if graph.mode == "train" else graph.mode]
+    if graph.mode == "train" and graph.optimizer != "adam":
+        parts[-1] += f" ({graph.optimizer or 'no optimizer'})"
     if graph.seq_len:
         parts.append(f"seq {graph.seq_len}")
     parts.append(precision_text(graph, args.dtype, args.tf32))
