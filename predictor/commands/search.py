@@ -14,7 +14,8 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
                                        add_step_arguments, console, error_cell, load_graph,
                                        load_specs, notes, parse_batch_sizes, positive_int,
                                        precision_fields, precision_text,
-                                       gpus_for, print_notes_stderr, resolve_gpus)
+                                       gpus_for, print_notes_stderr, resolve_gpus,
+                                       step_text)
 
 NAME = "search"
 
@@ -197,7 +198,7 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=(),
     shown = df.head(top)
     n = result.gpus_per_node
     basis = {"cloud": "cloud on-demand", "marketplace": "marketplace"}[result.price_basis]
-    title = (f"{graph.name} · {graph.mode} · {precision} · objective {result.objective}"
+    title = (f"{graph.name} · {step_text(graph)} · {precision} · objective {result.objective}"
              + (f" ({basis} prices)" if result.objective == "cost" else "")
              + f" · {result.run.describe()}" + (f" · {n} GPUs per node (DDP)" if n > 1 else ""))
     table = Table(title=title, title_justify="left")
@@ -402,8 +403,8 @@ def print_layout_table(graph, rows, meta, top: int, show_all: bool, report, line
 
     shown = [r for r in rows if show_all or r["fits"]][:top]
     tokens = graph.seq_len is not None
-    title = (f"{graph.name} · {meta['n_gpus']} GPUs · global batch {meta['global_batch']}"
-             + (f" · seq {graph.seq_len}" if tokens else "")
+    title = (f"{graph.name} · {step_text(graph)} · {meta['n_gpus']} GPUs · global batch "
+             f"{meta['global_batch']}" + (f" · seq {graph.seq_len}" if tokens else "")
              + (f" · amp {meta['amp']}" if meta["amp"] else "")
              + f" · objective {meta['objective']}")
     table = Table(title=title, title_justify="left")
