@@ -99,3 +99,19 @@ def test_cli_takes_the_variants_and_refuses_others(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "unknown optimizer 'lion'" in err and "+clip" in err
+
+
+def test_csv_and_titles_name_the_optimizer(capsys, tmp_path):
+    assert cli.main(["predict", "dcgan", "-b", "4", "--gpus", "T4", "--optimizer", "sgd+clip",
+                     "--csv"]) == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    fields = dict(zip(header.split(","), row.split(",")))
+    assert fields["mode"] == "train" and fields["optimizer"] == "sgd+clip"
+    assert cli.main(["predict", "dcgan", "-b", "4", "--gpus", "T4", "--optimizer",
+                     "adamw-loop"]) == 0
+    assert "train, adamw-loop" in capsys.readouterr().out
+    out = tmp_path / "s.csv"
+    assert cli.main(["sweep", "dcgan", "-b", "2,4", "--gpus", "T4", "--optimizer", "none",
+                     "--csv", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert "optimizer" in lines[0].split(",") and lines[1].split(",")[-2] == ""

@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     precision = precision_text(graph, args.dtype, args.tf32)
     if args.csv:
         df.insert(0, "model", graph.name)
+        df["mode"] = graph.mode
+        df["optimizer"] = graph.optimizer or ""
         df["precision"] = precision
         print(df.to_csv(index=False), end="")
         print_notes_stderr(lines)

@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
         full = df.copy()
         full.insert(0, "model", graph.name)
+        full["mode"] = graph.mode
+        full["optimizer"] = graph.optimizer or ""
         full["precision"] = precision_text(graph, args.dtype, args.tf32)
         with atomic_writer(args.csv, "w", encoding="utf-8") as fh:
             full.to_csv(fh, index=False)
