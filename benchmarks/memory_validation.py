@@ -19,6 +19,11 @@ noise tensor per dropout for backward, which no GPU run holds.
     python benchmarks/memory_validation.py --models resnet50,gpt2 --batches 8,32
     python benchmarks/memory_validation.py --json out.json
     python benchmarks/memory_validation.py --amp bf16 --models resnet50,gpt2   # autocast
+    python benchmarks/memory_validation.py --optimizer adamw-loop+clip --models gpt2
+
+``--optimizer`` runs another step on both sides (``predictor.frontend.optimizers``
+names): torch.optim's Adam, AdamW or SGD, ``foreach=False`` for ``-loop``, and
+``torch.nn.utils.clip_grad_norm_`` before it for ``+clip``.
 """
 
 from __future__ import annotations
@@ -86,15 +91,16 @@ def _fresh_parameters(model: torch.nn.Module) -> None:
 
 
 def measured_peak(name: str, batch: int, seq_len: int | None = None,
-                  amp: str | None = None) -> int:
+                  amp: str | None = None, optimizer: str = "adam") -> int:
     """Peak bytes of the second eager training step of zoo model `name`."""
     entry = zoo.get(name)
     seq = seq_len if seq_len is not None else entry.default_seq_len
     return measure_step(entry.build, lambda b: entry.make_inputs(b, seq), entry.loss_fn, batch,
-                        amp)
+                        amp, optimizer)
 
 
-def measure_step(build, make_inputs, loss_fn, batch: int, amp: str | None = None) -> int:
+def measure_step(build, make_inputs, loss_fn, batch: int, amp: str | None = None,
+                 optimizer: str = "adam") -> int:
     """Peak bytes of the second eager training step under MemTracker: `build()`
     returns the module (or (module, ...)), `make_inputs(batch)` its inputs (a
     tuple or a dict), `loss_fn(output)` the loss. Everything is fake. `amp`
@@ -105,16 +111,27 @@ def measure_step(build, make_inputs, loss_fn, batch: int, amp: str | None = None
     torch.nn.functional.dropout = _gpu_dropout
     try:
         if amp is None:
-            return _measure(build, make_inputs, loss_fn, batch, None)
+            return _measure(build, make_inputs, loss_fn, batch, None, optimizer)
         from predictor.frontend.autocast import CudaAutocast
 
         with CudaAutocast(amp) as policy:
-            return _measure(build, make_inputs, loss_fn, batch, policy)
+            return _measure(build, make_inputs, loss_fn, batch, policy, optimizer)
     finally:
         torch.nn.functional.dropout = cpu_dropout
 
 
-def _measure(build, make_inputs, loss_fn, batch: int, policy=None) -> int:
+def _optimizer(name: str, params):
+    """torch.optim's optimizer for a predictor optimizer name, and whether the
+    step clips the gradients first."""
+    from predictor.frontend import optimizers
+
+    base, loop, clip = optimizers.parse(optimizers.check(name))
+    make = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[base]
+    return make(params, lr=1e-3, foreach=not loop), clip
+
+
+def _measure(build, make_inputs, loss_fn, batch: int, policy=None,
+             optimizer: str = "adam") -> int:
     import contextlib
 
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -129,7 +146,7 @@ def _measure(build, make_inputs, loss_fn, batch: int, policy=None) -> int:
         _fresh_parameters(model)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.Adam(params, foreach=True)
+        opt, clip = _optimizer(optimizer, params)
         scale, growth = autocast.scaler_state() if scaling else (None, None)
 
         def step(inputs) -> None:
@@ -145,6 +162,8 @@ def _measure(build, make_inputs, loss_fn, batch: int, policy=None) -> int:
                 with torch.no_grad():
                     found_inf = autocast.unscale([p.grad for p in params if p.grad is not None],
                                                  scale)
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             if scaling:
                 autocast.update_scale(scale, growth, found_inf)
@@ -170,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--amp", default=None, choices=("bf16", "fp16", "fp8"),
                     help="the step under CUDA's autocast policy (both sides)")
+    ap.add_argument("--optimizer", default="adam",
+                    help="the optimizer step on both sides (default adam; e.g. adamw+clip, "
+                         "adamw-loop)")
     args = ap.parse_args(argv)
     rows = []
     print(f"{'model':<14}{'batch':>6}{'MemTracker GiB':>16}{'predicted GiB':>15}{'error':>9}"
@@ -178,16 +200,18 @@ def main(argv: list[str] | None = None) -> int:
         batches = ([int(b) for b in args.batches.split(",")] if args.batches
                    else DEFAULT_BATCHES.get(name, (1, 8, 32)))
         t0 = time.perf_counter()
-        graph = predictor.trace(name, batch_size=batches[0], amp=args.amp)
+        graph = predictor.trace(name, batch_size=batches[0], amp=args.amp,
+                                optimizer=args.optimizer)
         trace_s = time.perf_counter() - t0
         exact, _, step = graph.memory.peak(batches, rounding=False, workspaces=False)
         for b, pred, st in zip(batches, exact, step):
             t0 = time.perf_counter()
-            meas = measured_peak(name, b, amp=args.amp)
+            meas = measured_peak(name, b, amp=args.amp, optimizer=args.optimizer)
             eager_s = time.perf_counter() - t0
             err = (pred - meas) / meas
             phase = graph.memory.phase_at(int(st))
-            rows.append({"model": name, "batch_size": b, "amp": args.amp, "measured_bytes": meas,
+            rows.append({"model": name, "batch_size": b, "amp": args.amp,
+                         "optimizer": args.optimizer, "measured_bytes": meas,
                          "predicted_bytes": int(pred), "error": err, "peak_phase": phase})
             print(f"{name:<14}{b:>6}{meas / 2**30:>16.3f}{pred / 2**30:>15.3f}{err:>+9.1%}"
                   f"{phase:>10}{trace_s:>9.1f}{eager_s:>9.1f}", flush=True)
