@@ -12,6 +12,8 @@ samples/s, source). Precision "tf32" is fp32 with TF32 matmuls and convolutions
 is each script's mixed precision: torch.autocast fp16 with a GradScaler for
 ResNet-50, apex O2 (a 16-bit model with fp32 master weights) for BERT-large
 (`program`; `--bert-amp autocast` traces those rows under autocast instead).
+BERT-large's step clips its gradients, and its fp32 optimizer updates one
+parameter at a time, as run_squad.py's do (`bert_optimizer`).
 
 Two publishers: NVIDIA's own DeepLearningExamples READMEs (A100, V100) and
 Lambda's PyTorch benchmark tables (github.com/lambdal/deeplearning-benchmark,
