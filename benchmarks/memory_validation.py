@@ -120,23 +120,13 @@ def measure_step(build, make_inputs, loss_fn, batch: int, amp: str | None = None
         torch.nn.functional.dropout = cpu_dropout
 
 
-def _optimizer(name: str, params):
-    """torch.optim's optimizer for a predictor optimizer name, and whether the
-    step clips the gradients first."""
-    from predictor.frontend import optimizers
-
-    base, loop, clip = optimizers.parse(optimizers.check(name))
-    make = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[base]
-    return make(params, lr=1e-3, foreach=not loop), clip
-
-
 def _measure(build, make_inputs, loss_fn, batch: int, policy=None,
              optimizer: str = "adam") -> int:
     import contextlib
 
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from predictor.frontend import autocast
+    from predictor.frontend import autocast, optimizers
 
     region = policy.region if policy is not None else contextlib.nullcontext
     scaling = policy is not None and policy.amp == "fp16"
@@ -146,7 +136,8 @@ def _measure(build, make_inputs, loss_fn, batch: int, policy=None,
         _fresh_parameters(model)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        opt, clip = _optimizer(optimizer, params)
+        name = optimizers.check(optimizer)
+        opt, clip = optimizers.torch_optimizer(name, params), optimizers.parse(name)[2]
         scale, growth = autocast.scaler_state() if scaling else (None, None)
 
         def step(inputs) -> None:

@@ -49,18 +49,6 @@ def _call(module: torch.nn.Module, inputs: Any) -> Any:
     return module(*inputs)
 
 
-def _optimizer(name: str | None, params: list[torch.nn.Parameter]):
-    """PyTorch's optimizer with the kernels the trace models: multi-tensor,
-    or the for-loop step for a ``-loop`` name (``predictor.frontend.optimizers``)."""
-    base, loop, _ = optimizers.parse(name)
-    if base is None or not params:
-        return None
-    make = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-    if base not in make:
-        raise StepUnavailable(f"no real optimizer for {name!r}")
-    return make[base](params, lr=1e-3, foreach=not loop)
-
-
 def build_module(source: Any, mode: str) -> torch.nn.Module:
     if mode == "inference" and getattr(source, "build_inference", None) is not None:
         built = source.build_inference()
@@ -110,7 +98,7 @@ def build_step(source: Any, mode: str, optimizer: str | None, batch: int,
 
         loss_fn = default_loss
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = _optimizer(optimizer, params)
+    opt = optimizers.torch_optimizer(optimizer, params)
     clip = optimizers.parse(optimizer)[2] and opt is not None
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
 

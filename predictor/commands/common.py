@@ -119,12 +119,19 @@ def precision_text(graph, dtype: str | None = None, tf32: bool = False) -> str:
     return precision_words(getattr(graph, "amp", None), dtype, tf32, traced)
 
 
-def step_text(graph) -> str:
-    """The traced step for a title: its mode, and for training an optimizer
-    other than the default Adam ("train, adamw+clip"; "train, no optimizer")."""
+def optimizer_text(graph) -> str:
+    """A training step's optimizer where it is not the default Adam
+    ("adamw+clip", "no optimizer"), else ""."""
     if graph.mode != "train" or graph.optimizer == "adam":
-        return graph.mode
-    return f"train, {graph.optimizer or 'no optimizer'}"
+        return ""
+    return graph.optimizer or "no optimizer"
+
+
+def step_text(graph) -> str:
+    """The traced step for a title: its mode, with `optimizer_text`
+    ("train, adamw+clip")."""
+    opt = optimizer_text(graph)
+    return f"{graph.mode}, {opt}" if opt else graph.mode
 
 
 def add_spec_argument(p: argparse.ArgumentParser) -> None:

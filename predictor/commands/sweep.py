@@ -13,7 +13,8 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argume
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, json_records,
                                        load_graph, load_specs, notes, parse_batch_sizes,
-                                       gpus_for, precision_fields, precision_text, targets)
+                                       gpus_for, optimizer_text, precision_fields,
+                                       precision_text, targets)
 
 NAME = "sweep"
 
@@ -117,8 +118,9 @@ def _add_cost(best, res) -> None:
 
 def _title(graph, args) -> str:
     parts = [graph.name, "training step" if graph.mode == "train" else graph.mode]
-    if graph.mode == "train" and graph.optimizer != "adam":
-        parts[-1] += f" ({graph.optimizer or 'no optimizer'})"
+    opt = optimizer_text(graph)
+    if opt:
+        parts[-1] += f" ({opt})"
     if graph.seq_len:
         parts.append(f"seq {graph.seq_len}")
     parts.append(precision_text(graph, args.dtype, args.tf32))

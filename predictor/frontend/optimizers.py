@@ -74,6 +74,19 @@ def state_for(name: str | None, params: list[torch.Tensor]) -> list[list[torch.T
     return []
 
 
+def torch_optimizer(name: str | None, params: list[torch.Tensor]):
+    """The torch.optim optimizer a checked name stands for (multi-tensor, or
+    ``foreach=False`` for ``-loop``), None for no step or no parameters; the
+    caller clips first where ``parse(name)[2]`` (``+clip``)."""
+    import torch
+
+    base, loop, _ = parse(name)
+    if base is None or not params:
+        return None
+    make = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[base]
+    return make(params, lr=1e-3, foreach=not loop)
+
+
 def clip_grad_norm(grads: list[torch.Tensor], max_norm: float = 1.0) -> None:
     """``torch.nn.utils.clip_grad_norm_`` on CUDA (its foreach path): the norm
     of each gradient in one multi-tensor kernel, their norm, the clip
