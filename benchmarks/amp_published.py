@@ -276,9 +276,12 @@ def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> l
                               dtype="float16" if how == "o2" else None,
                               tf32_matmul=True if prec == "tf32" else None)
         predicted = batch / p.iteration_ms * 1e3
+        by_family = p.by_family()["ms"]
         out.append({"model": model, "gpu": gpu, "precision": prec, "batch": batch,
                     "program": how, "memory_format": fmt or "contiguous",
                     "published": published, "predicted": predicted,
+                    "step_ms": p.iteration_ms,
+                    "memory_bound_ms": float(by_family.drop(TENSOR_FAMILIES, errors="ignore").sum()),
                     "error_pct": 100.0 * (predicted - published) / published, "source": source})
     return out
 
@@ -308,6 +311,35 @@ def implied_startup(rows) -> list[dict]:
         out.append({"gpu": r["gpu"], "precision": r["precision"], "batch": r["batch"],
                     "step_ms": 1e3 * step_s, "timed_s": timed_s, "outside_s": outside,
                     "outside_pct": 100.0 * outside / timed_s})
+    return out
+
+
+# The families whose rows run GEMMs (on tensor cores where the precision has
+# them); every other family's rows are priced by the bytes they move.
+TENSOR_FAMILIES = ["conv", "conv_dgrad", "conv_wgrad", "matmul", "attention", "attention_bwd"]
+
+
+def implied_memory_factor(rows) -> list[dict]:
+    """For Lambda's ResNet-50 rows: the factor on the predicted time of the
+    rows priced by their bytes (every family but `TENSOR_FAMILIES`) that the
+    published figure implies if the GEMM rows were priced right,
+    `(published step - GEMM ms) / memory-bound ms`. A diagnostic, not a fit:
+    it says where a board's error would have to sit, beside what could put it
+    there (the DRAM type and the L2's size)."""
+    from predictor import hardware
+
+    out = []
+    for r in rows:
+        if r["model"] != "resnet50" or publisher(r["source"]) != "Lambda":
+            continue
+        spec = hardware.get(r["gpu"]).spec
+        published_ms = 1e3 * r["batch"] / r["published"]
+        gemm_ms = r["step_ms"] - r["memory_bound_ms"]
+        out.append({"gpu": r["gpu"], "precision": r["precision"], "batch": r["batch"],
+                    "memory": spec.get("memory_type", "?"), "l2_mb": float(spec.get("l2_mb", 0)),
+                    "step_ms": r["step_ms"], "memory_bound_ms": r["memory_bound_ms"],
+                    "published_ms": published_ms,
+                    "factor": (published_ms - gemm_ms) / r["memory_bound_ms"]})
     return out
 
 
@@ -354,6 +386,17 @@ def main(argv=None) -> int:
         for r in startup:
             print(f"| {r['gpu']} | {r['precision']} | {r['batch']} | {r['step_ms']:.1f} | "
                   f"{r['timed_s']:.1f} | {r['outside_s']:.1f} | {r['outside_pct']:.1f} % |")
+    factors = implied_memory_factor(rows)
+    if factors:
+        print("\nLambda's ResNet-50 runs: the factor on the bytes-priced rows' time that each "
+              "published figure implies if the GEMM rows were priced right:\n")
+        print("| GPU | precision | batch | DRAM | L2 MB | predicted step ms | of it bytes-priced "
+              "| published step ms | implied factor |")
+        print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in factors:
+            print(f"| {r['gpu']} | {r['precision']} | {r['batch']} | {r['memory']} | "
+                  f"{r['l2_mb']:g} | {r['step_ms']:.1f} | {r['memory_bound_ms']:.1f} | "
+                  f"{r['published_ms']:.1f} | {r['factor']:.2f} |")
     inf = run(models, table=PUBLISHED_INFERENCE, mode="inference")
     if inf:
         print("\nInference (a separate check, not in the means above):\n")

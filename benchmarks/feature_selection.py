@@ -151,6 +151,12 @@ CANDIDATES = {
     "pad128x64": lambda s: _tile_padding(s, 128, 64),
     "pad128": lambda s: _tile_padding(s, 128, 128),
     "pad256": lambda s: _tile_padding(s, 256, 128),
+    # NeuSight's per-SM inputs for convolutions: one 128 x 128 tile of the
+    # implicit GEMM (its reduction whole), its FLOPs over the per-SM fp32 peak
+    # and its fp32 bytes over the per-SM DRAM bandwidth, log2 us (0 for other
+    # rows). SM by SM, a GPU with more SMs looks like those trained on.
+    "smconvc": lambda s: _conv_tile_per_sm(s)[0],
+    "smconvb": lambda s: _conv_tile_per_sm(s)[1],
     "winoq": lambda s: _winograd_columns(s)[0],
     "winot": lambda s: _winograd_columns(s)[1],
     "winoc": lambda s: _winograd_columns(s)[2],
@@ -188,6 +194,24 @@ def _winograd_columns(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray, np.ndarra
         balance[i] = np.log2((nbytes / bw[i]) / (flops / peak[i]))
         compute[i] = np.log2(flops / peak[i] * 1e6)
     return quant, balance, compute
+
+
+def _conv_tile_per_sm(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray]:
+    """The "smconvc" and "smconvb" candidates (0 for rows that are not
+    convolutions)."""
+    comp, mem = np.zeros(len(s)), np.zeros(len(s))
+    peak = _gpu_column(s, L.G_FP32_TFLOPS) * 1e12
+    bw = _gpu_column(s, L.G_MEM_BW_GBS) * 1e9
+    sms = _gpu_column(s, L.G_SMS)
+    for i, (f, d) in enumerate(zip(s.family, s.dims)):
+        f = int(f)
+        if f not in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
+            continue
+        _, _, _, k = gemm_shape(f, d)
+        flops, nbytes = tiles_bench.tile_work(128, 128, k)
+        comp[i] = np.log2(flops / (peak[i] / sms[i]) * 1e6)
+        mem[i] = np.log2(nbytes / (bw[i] / sms[i]) * 1e6)
+    return comp, mem
 
 
 def _conv_alignment(s: D.OpSamples) -> tuple[np.ndarray, np.ndarray]:
