@@ -100,3 +100,19 @@ def test_implied_startup_is_the_timed_window_less_101_predicted_steps():
     (r,) = ap.implied_startup(rows)
     # 100 steps at 1 s published = 100 s timed; 101 predicted steps of 0.5 s.
     assert r["timed_s"] == pytest.approx(100.0) and r["outside_s"] == pytest.approx(49.5)
+
+
+def test_implied_memory_factor_leaves_the_gemm_rows_as_priced():
+    # Predicted step 100 ms, 60 of them bytes-priced; published 448 / 5.6 =
+    # 80 ms a step: the GEMM rows keep their 40 ms, the bytes-priced rows get
+    # the other 40, two thirds of their price.
+    rows = [{"model": "resnet50", "gpu": "RTX-4090", "precision": "amp", "batch": 448,
+             "published": 5600.0, "predicted": 4480.0, "step_ms": 100.0, "memory_bound_ms": 60.0,
+             "source": ap.LAMBDA_AMP},
+            {"model": "bert-large-squad", "gpu": "RTX-4090", "precision": "amp", "batch": 8,
+             "published": 10.0, "predicted": 20.0, "step_ms": 400.0, "memory_bound_ms": 50.0,
+             "source": ap.LAMBDA_AMP}]
+    (r,) = ap.implied_memory_factor(rows)
+    assert r["published_ms"] == pytest.approx(80.0)
+    assert r["factor"] == pytest.approx(40.0 / 60.0)
+    assert r["memory"] == "GDDR6X" and r["l2_mb"] == 72
