@@ -111,6 +111,11 @@ CANDIDATES = {
     # boards of 250 W and more, and for short kernels.
     "throttle": lambda s: (np.log2(np.clip(_gpu_column(s, L.G_TDP_W), 50.0, 250.0) / 250.0)
                            * np.maximum(T.features(s)[0][:, 0] - 10.0, 0.0)),
+    # DRAM bytes each SM must have served per clock to hold the bandwidth,
+    # log2 (bandwidth over SMs x boost clock): by Little's law the loads an SM
+    # keeps in flight bound what a memory-bound kernel sustains.
+    "bwsm": lambda s: np.log2(_gpu_column(s, L.G_MEM_BW_GBS) * 1e9
+                              / (_gpu_column(s, L.G_SMS) * _gpu_column(s, L.G_CLOCK_MHZ) * 1e6)),
     # The ridge point (peak FLOP/s over bandwidth), log2 flop/byte.
     "ridge": lambda s: np.log2(_gpu_column(s, L.G_FP32_TFLOPS) * 1e3
                                / _gpu_column(s, L.G_MEM_BW_GBS)),
