@@ -2,9 +2,9 @@
 # Every GPU check and measurement in one short run on a lent CUDA machine,
 # results under $OUT (default ./gpu-out):
 #   1. per-kernel fp32 times, forward and backward, on the shapes of the
-#      NeuSight training files (benchmarks/measure_kernels.py): another
-#      training GPU, to commit under benchmarks/data/ and train on with
-#      `predictor train-models --extra`;
+#      NeuSight training files and on the GEMMs of a few zoo transformers
+#      (benchmarks/measure_kernels.py): another training GPU, to commit under
+#      benchmarks/data/ and train on with `predictor train-models --extra`;
 #   2. the matmul rate per math mode and AMP/TF32 training steps against the
 #      prediction (benchmarks/amp_gpu.py);
 #   3. calibrated and pure mode against real training steps
@@ -50,7 +50,7 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import predictor.kernels; print('predictor from', predictor.__file__)" || exit 1
 if [ "${DEVICE:-cuda}" = cpu ]; then
     # A rehearsal of this script on a machine without a GPU: small and quick.
-    kernel_args=(--device cpu --per-op 2); calibration_args=(--device cpu --models tiny)
+    kernel_args=(--device cpu --per-op 2 --models gpt2:1x32); calibration_args=(--device cpu --models tiny)
     amp_args=(--device cpu --models tiny --repeats 2 --iterations 2)
 else
     python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \

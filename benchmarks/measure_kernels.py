@@ -14,9 +14,17 @@ kernels). Every resulting row is timed on the device by
 ``predictor.calibration.measure`` (warm-up, CUDA events, the median of
 ``--repeats`` samples), the way ``predictor calibrate`` times a graph's rows.
 
-The time budget (``--seconds``) is shared between the op files by weight
-(GEMMs and convolutions most); an op file's sample is cut short when its share
-is spent, and what is left of it passes to the files after it.
+After the op files, the GEMM rows of a training step of a few zoo
+transformers (``--models``, ``MODEL_GEMMS``: BERT-base, GPT-2, the
+Transformer base, Llama 2 7B and 13B, Llama 3 8B at one batch and sequence
+each) are timed the same way: model shapes, aligned as real layers are, which
+the training files' random shapes never are. They are written as ``linear``
+rows (unbatched) and ``bmm`` rows (batched), with the model in ``Model``.
+
+The time budget (``--seconds``) is shared between the op files and the model
+GEMMs by weight (GEMMs and convolutions most); an op file's sample is cut
+short when its share is spent, and what is left of it passes to the files
+after it.
 
 Output: ``<device name>.csv`` in ``--out`` (default ``benchmarks/data``), one
 line per measured row: the source op and its shape columns as the source file
@@ -59,6 +67,19 @@ SHAPE_COLUMNS = {
 }
 # The scalar of the tensor-with-scalar ops (addu, mulu, divu, powu).
 SCALAR = 2.0
+# Model GEMMs: the zoo's transformers' own matmuls (each forward GEMM, both
+# gradient GEMMs, attention's batched ones) at one batch and sequence each,
+# (zoo name, batch, sequence). Their dims are what real layers run, multiples
+# of 64 and more; the NeuSight training files' shapes are random and none is
+# aligned so in all three dims, and at equal work the aligned shapes of its
+# test split run 5-30 % faster on every GPU (`python -m benchmarks.accuracy
+# --splits`), which no training row can teach. No model here is one of the
+# dataset's whole-model labels (BERT-large, GPT-2 large, GPT-3 XL and 2.7B,
+# OPT-1.3B), so the labels' own GEMM shapes stay out of training.
+MODEL_GEMMS = (("bert-base", 8, 512), ("gpt2", 4, 1024), ("transformer", 64, 50),
+               ("llama2-7b", 1, 2048), ("llama3-8b", 1, 2048), ("llama2-13b", 1, 1024))
+# Their share of the time budget, as one op file's.
+MODEL_WEIGHT = 3.0
 
 
 def step(op: str, shape: dict, device: torch.device):
@@ -114,6 +135,26 @@ def lowered_rows(op: str, shape: dict) -> list[tuple[str, int, tuple, int]]:
     return rows
 
 
+def model_gemm_rows(name: str, batch: int, seq: int) -> list[tuple[str, int, tuple, int]]:
+    """(pass, family, dims, kernels) of every distinct fp32 GEMM row of one
+    training step of zoo model `name` at `batch` x `seq`, traced on fake
+    tensors (no optimizer step: it runs no GEMM)."""
+    import predictor
+
+    g = predictor.trace(name, batch_size=batch, seq_len=seq, optimizer=None)
+    ops = g.ops
+    seen, rows = set(), []
+    for i in range(len(ops.family)):
+        if int(ops.family[i]) != L.MATMUL or int(ops.dtype[i]) != L.F32:
+            continue
+        dims = tuple(int(b) + int(sl) * batch for b, sl in zip(ops.dbase[i], ops.dslope[i]))
+        key = (L.PHASE_NAMES[int(ops.phase[i])], L.MATMUL, dims, int(ops.kernels[i]))
+        if key not in seen:
+            seen.add(key)
+            rows.append(key)
+    return rows
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -148,21 +189,42 @@ def source_shapes(data: Path, op: str, shapes_from: str, per_op: int, seed: int,
 
 
 def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, seed: int,
-            repeats: int, shapes_from: str, ops=OPS, max_elements: float = float("inf"),
-            write=None, log=print) -> pd.DataFrame:
-    """Time every lowered row of the sampled shapes; `write(df)` after each op file."""
+            repeats: int, shapes_from: str, ops=OPS, models=(), max_elements: float = float("inf"),
+            model_max_elements: float | None = None, write=None, log=print) -> pd.DataFrame:
+    """Time every lowered row of the sampled shapes, then the GEMM rows of the
+    `models` (`MODEL_GEMMS` entries, after the op files, in their share of the
+    budget; none with an operand of more than `model_max_elements` elements,
+    default `max_elements`); `write(df)` after each op file and model."""
+    if model_max_elements is None:
+        model_max_elements = max_elements
     name = device_name(device)
     free = M.device_memory_bytes(device)
     # The dataset's kernels are plain fp32: PyTorch's default runs convolutions
     # in TF32 on tensor cores (cudnn.allow_tf32), a different kernel and rate.
     math = fp32_math()
     weights = {op: WEIGHTS.get(op, ELEMENTWISE_WEIGHT) for op in ops}
+    model_weight = MODEL_WEIGHT if models else 0.0
     start = time.perf_counter()
     records: list[dict] = []
     skipped: dict[str, int] = {}
+
+    def timed(op: str, source: dict, p: str, fam: int, dims: tuple, kernels: int) -> None:
+        got = M.measure_row(fam, L.F32, kernels, dims, f"{op}.{p}", 1, device,
+                            2e-3, free, samples=repeats)
+        if isinstance(got, str):
+            skipped[got] = skipped.get(got, 0) + 1
+            return
+        d = list(dims) + [0] * (L.MAX_DIMS - len(dims))
+        records.append({"OPName": op, **source, "Pass": p, "Family": L.FAMILY_NAMES[fam],
+                        **{f"d{j}": d[j] for j in range(L.MAX_DIMS)},
+                        "Kernels": kernels, "Latency": got / 1e3, "Device": name,
+                        "TF32 Matmul": math[0], "TF32 Conv": math[1],
+                        "Torch Version": torch.__version__,
+                        "CUDA Version": torch.version.cuda or ""})
+
     for i, op in enumerate(ops):
         left = seconds - (time.perf_counter() - start)
-        share = left * weights[op] / sum(weights[o] for o in ops[i:])
+        share = left * weights[op] / (sum(weights[o] for o in ops[i:]) + model_weight)
         until = time.perf_counter() + share
         shapes = source_shapes(data, op, shapes_from, per_op, seed, max_elements)
         done = 0
@@ -170,25 +232,60 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
             if time.perf_counter() > until:
                 break
             for p, fam, dims, kernels in lowered_rows(op, shape):
-                got = M.measure_row(fam, L.F32, kernels, dims, f"{op}.{p}", 1, device,
-                                    2e-3, free, samples=repeats)
-                if isinstance(got, str):
-                    skipped[got] = skipped.get(got, 0) + 1
-                    continue
-                d = list(dims) + [0] * (L.MAX_DIMS - len(dims))
-                records.append({"OPName": op, **shape, "Pass": p, "Family": L.FAMILY_NAMES[fam],
-                                **{f"d{j}": d[j] for j in range(L.MAX_DIMS)},
-                                "Kernels": kernels, "Latency": got / 1e3, "Device": name,
-                                "TF32 Matmul": math[0], "TF32 Conv": math[1],
-                                "Torch Version": torch.__version__,
-                                "CUDA Version": torch.version.cuda or ""})
+                timed(op, shape, p, fam, dims, kernels)
             done += 1
         log(f"  {op:<8} {done:4d} of {len(shapes)} shapes in {share:6.1f} s budget")
+        if write is not None:
+            write(pd.DataFrame.from_records(records))
+    until = start + seconds
+    for model, batch, seq in models:
+        if time.perf_counter() > until:
+            log(f"  {model}: not measured, the time budget is spent")
+            continue
+        rows = model_gemm_rows(model, batch, seq)
+        done = 0
+        for p, fam, dims, kernels in rows:
+            if time.perf_counter() > until:
+                break
+            # Unbatched GEMMs train as the linear file's rows, batched ones as bmm's.
+            op = "linear" if dims[0] <= 1 else "bmm"
+            if row_elements(dims) > model_max_elements:
+                reason = "matmul: an operand larger than this run's tensors"
+                skipped[reason] = skipped.get(reason, 0) + 1
+            else:
+                timed(op, {"Model": f"{model} {batch}x{seq}"}, p, fam, dims, kernels)
+            done += 1
+        log(f"  {model:<12} {done:4d} of {len(rows)} GEMM rows (batch {batch} x {seq})")
         if write is not None:
             write(pd.DataFrame.from_records(records))
     for reason, n in sorted(skipped.items()):
         log(f"  not measured: {n} x {reason}")
     return pd.DataFrame.from_records(records)
+
+
+def row_elements(dims: tuple) -> float:
+    """Elements of a GEMM row's largest operand (A, B or C)."""
+    bt, m, n, k = (float(x) for x in dims[:4])
+    return bt * max(m * k, k * n, m * n)
+
+
+def parse_models(text: str) -> tuple[tuple[str, int, int], ...]:
+    """`--models`: NAME:BATCHxSEQ, comma-separated, or 'none'; ValueError
+    naming the first bad entry."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    from predictor.zoo import ZOO
+
+    out = []
+    for entry in text.split(","):
+        name, _, size = entry.strip().partition(":")
+        batch, _, seq = size.partition("x")
+        if name not in ZOO or not batch.isdigit() or not seq.isdigit() \
+                or int(batch) < 1 or int(seq) < 1:
+            raise ValueError(f"--models: {entry.strip()!r} is not NAME:BATCHxSEQ with NAME a "
+                             "zoo model (`predictor zoo`) and BATCH, SEQ positive integers")
+        out.append((name, int(batch), int(seq)))
+    return tuple(out)
 
 
 def main(argv=None) -> int:
@@ -203,12 +300,19 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes-from", default="Tesla_V100-PCIE-32GB",
                     help="the training GPU whose files give the shapes")
     ap.add_argument("--ops", default=",".join(OPS), help="op files, comma-separated")
+    ap.add_argument("--models", default=",".join(f"{m}:{b}x{q}" for m, b, q in MODEL_GEMMS),
+                    help="zoo models whose GEMM rows to time after the op files, "
+                    "NAME:BATCHxSEQ comma-separated, or 'none' (default: %(default)s)")
     ap.add_argument("--out", default="benchmarks/data", type=Path, help="output folder")
     args = ap.parse_args(argv)
     ops = tuple(o for o in args.ops.split(",") if o)
     unknown = [o for o in ops if o not in OPS]
     if unknown:
         ap.error(f"unknown op file(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
+    try:
+        models = parse_models(args.models)
+    except ValueError as exc:
+        ap.error(str(exc))
     if not (args.data / "train").is_dir():
         ap.error(f"{args.data}: not a NeuSight data folder (expected train/ inside)")
     try:
@@ -217,8 +321,9 @@ def main(argv=None) -> int:
             raise RuntimeError("CUDA is not available on this machine")
     except RuntimeError as exc:
         ap.error(f"device {args.device!r}: {exc}")
-    # A CPU smoke run keeps to small tensors.
+    # A CPU smoke run keeps to small tensors (a model's small GEMMs among them).
     max_elements = float("inf") if device.type == "cuda" else 2e5
+    model_max_elements = float("inf") if device.type == "cuda" else 1e6
     path = args.out / (device_name(device).replace(" ", "_").replace("/", "_") + ".csv")
 
     def write(df: pd.DataFrame) -> None:
@@ -232,8 +337,8 @@ def main(argv=None) -> int:
     print(f"timing {', '.join(ops)} on {device_name(device)} for {args.seconds:g} s",
           file=sys.stderr)
     df = measure(args.data, device, seconds=args.seconds, per_op=args.per_op, seed=args.seed,
-                 repeats=args.repeats, shapes_from=args.shapes_from, ops=ops,
-                 max_elements=max_elements, write=write,
+                 repeats=args.repeats, shapes_from=args.shapes_from, ops=ops, models=models,
+                 max_elements=max_elements, model_max_elements=model_max_elements, write=write,
                  log=lambda s: print(s, file=sys.stderr))
     write(df)
     by = df.groupby(["Family", "Pass"]).size() if len(df) else pd.Series(dtype=int)

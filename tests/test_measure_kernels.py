@@ -127,8 +127,12 @@ def test_the_script_refuses_a_missing_device_or_data_in_one_line(tmp_path, capsy
     with pytest.raises(SystemExit):
         K.main(["--data", str(data), "--device", "cpu", "--ops", "linear,teleport"])
     assert "unknown op file(s) teleport" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        K.main(["--data", str(data), "--device", "cpu", "--models", "gpt2:4"])
+    assert "'gpt2:4' is not NAME:BATCHxSEQ" in capsys.readouterr().err
     assert K.main(["--data", str(data), "--device", "cpu", "--ops", "softmax", "--per-op", "1",
-                   "--seconds", "5", "--shapes-from", "Tesla_T4", "--out", str(tmp_path)]) == 0
+                   "--seconds", "5", "--shapes-from", "Tesla_T4", "--models", "none",
+                   "--out", str(tmp_path)]) == 0
     out = list(tmp_path.glob("*.csv"))
     assert len(out) == 1 and set(pd.read_csv(out[0])["Family"]) == {"softmax", "softmax_bwd"}
 
@@ -256,3 +260,40 @@ def test_unseen_takes_other_weights_and_refuses_a_bad_file_in_one_line(tmp_path,
     with pytest.raises(SystemExit):
         A.main(["--weights", str(weights)])
     assert "--weights applies to --unseen only" in capsys.readouterr().err
+
+
+def test_model_gemms_are_a_zoo_models_own_aligned_gemms_forward_and_backward():
+    rows = K.model_gemm_rows("gpt2", 2, 64)
+    assert {p for p, _, _, _ in rows} == {"forward", "backward"}
+    assert all(f == L.MATMUL for _, f, _, _ in rows)
+    assert len(set(rows)) == len(rows)
+    dims = [d for _, _, d, _ in rows]
+    # GPT-2's Conv1D layers are x @ W over the 2 x 64 tokens; attention's
+    # batched GEMMs run per head (12 heads of 64).
+    assert (1, 128, 2304, 768, 0) in [d[:5] for d in dims]
+    assert (24, 64, 64, 64) in [d[:4] for d in dims]
+    assert K.parse_models("none") == ()
+    assert K.parse_models("gpt2:1x32,bert-base:2x16") == (("gpt2", 1, 32), ("bert-base", 2, 16))
+    for bad in ("gpt2", "gpt2:0x32", "nosuch:1x32", "gpt2:1x"):
+        with pytest.raises(ValueError, match="NAME:BATCHxSEQ"):
+            K.parse_models(bad)
+    # None of them is a model of the dataset's whole-model labels.
+    labels = {"bert-large", "gpt2-large", "gpt3-xl", "gpt3-2.7b", "opt-1.3b"}
+    assert not labels & {m for m, _, _ in K.MODEL_GEMMS}
+
+
+def test_model_gemms_are_timed_after_the_op_files_and_train_as_linear_and_bmm_rows(tmp_path):
+    data = _tiny_dataset(tmp_path / "data")
+    df = K.measure(data, torch.device("cpu"), seconds=60, per_op=1, seed=0, repeats=1,
+                   shapes_from="Tesla_T4", ops=("softmax",), models=(("gpt2", 1, 16),),
+                   max_elements=2e5, model_max_elements=1e6, log=lambda s: None)
+    model = df[df["Model"].notna()]
+    assert len(model) > 0 and set(model["Model"]) == {"gpt2 1x16"}
+    assert set(model["Family"]) == {"matmul"}
+    assert set(model["OPName"]) == {"linear", "bmm"}
+    assert ((model["OPName"] == "bmm") == (model["d0"] > 1)).all()
+    assert set(df.loc[df["Model"].isna(), "Family"]) == {"softmax", "softmax_bwd"}
+    path = tmp_path / "NVIDIA_H200.csv"
+    df.assign(Device="NVIDIA H200").to_csv(path, index=False)
+    s = D.load_train(data, ops=("linear", "bmm"), extra=[path])
+    assert (s.gpu == "H200-SXM-141GB").sum() == len(model)
