@@ -245,7 +245,11 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
         if time.perf_counter() > until:
             log(f"  {model}: not measured, the time budget is spent")
             continue
-        rows = model_gemm_rows(model, batch, seq)
+        try:
+            rows = model_gemm_rows(model, batch, seq)
+        except Exception as exc:  # noqa: BLE001 - one model's trace must not cost the others
+            log(f"  {model}: not traced ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+            continue
         done = 0
         for p, fam, dims, kernels in rows:
             if time.perf_counter() > until:

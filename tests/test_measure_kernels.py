@@ -297,3 +297,11 @@ def test_model_gemms_are_timed_after_the_op_files_and_train_as_linear_and_bmm_ro
     df.assign(Device="NVIDIA H200").to_csv(path, index=False)
     s = D.load_train(data, ops=("linear", "bmm"), extra=[path])
     assert (s.gpu == "H200-SXM-141GB").sum() == len(model)
+    # A model that does not trace costs only itself, said in one line.
+    said = []
+    again = K.measure(data, torch.device("cpu"), seconds=60, per_op=1, seed=0, repeats=1,
+                      shapes_from="Tesla_T4", ops=("softmax",),
+                      models=(("gpt2", 1, 10**9), ("gpt2", 1, 16)), max_elements=2e5,
+                      model_max_elements=1e6, log=said.append)
+    assert any(line.startswith("  gpt2: not traced (") for line in said)
+    assert set(again.loc[again["Model"].notna(), "Model"]) == {"gpt2 1x16"}
