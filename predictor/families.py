@@ -94,6 +94,10 @@ def is_free(op: Any) -> bool:
     packet = getattr(op, "overloadpacket", op)
     if packet in FREE_OPS or op in FREE_OPS:
         return True
+    # In-place views (as_strided_, t_, squeeze_, ...) rewrite the tensor's
+    # metadata only; ATen tags them so.
+    if torch.Tag.inplace_view in tags(op):
+        return True
     schema = getattr(op, "_schema", None)
     if schema is None:
         return False
