@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -51,11 +52,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+import predictor
 from predictor.calibration import measure as M
 from predictor.calibration.datasets import BINARY, OPS
 from predictor.io import atomic_write_text
 from predictor.kernels import layout as L
 from predictor.opmodel import record_rows
+from predictor.zoo import ZOO
 
 # Share of the time budget per op file (each elementwise file gets ELEMENTWISE_WEIGHT).
 WEIGHTS = {"linear": 3.0, "bmm": 3.0, "conv": 3.0, "softmax": 1.0, "ln": 1.0}
@@ -142,8 +145,6 @@ def model_gemm_rows(name: str, batch: int, seq: int) -> list[tuple[str, int, tup
     """(pass, family, dims, kernels) of every distinct fp32 GEMM row of one
     training step of zoo model `name` at `batch` x `seq`, traced on fake
     tensors (no optimizer step: it runs no GEMM)."""
-    import predictor
-
     g = predictor.trace(name, batch_size=batch, seq_len=seq, optimizer=None)
     ops = g.ops
     seen, rows = set(), []
@@ -209,13 +210,13 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
     model_weight = MODEL_WEIGHT if models else 0.0
     start = time.perf_counter()
     records: list[dict] = []
-    skipped: dict[str, int] = {}
+    skipped: Counter[str] = Counter()
 
     def timed(op: str, source: dict, p: str, fam: int, dims: tuple, kernels: int) -> None:
         got = M.measure_row(fam, L.F32, kernels, dims, f"{op}.{p}", 1, device,
                             2e-3, free, samples=repeats)
         if isinstance(got, str):
-            skipped[got] = skipped.get(got, 0) + 1
+            skipped[got] += 1
             return
         d = list(dims) + [0] * (L.MAX_DIMS - len(dims))
         records.append({"OPName": op, **source, "Pass": p, "Family": L.FAMILY_NAMES[fam],
@@ -257,8 +258,7 @@ def measure(data: Path, device: torch.device, *, seconds: float, per_op: int, se
             # Unbatched GEMMs train as the linear file's rows, batched ones as bmm's.
             op = "linear" if dims[0] <= 1 else "bmm"
             if row_elements(dims) > model_max_elements:
-                reason = "matmul: an operand larger than this run's tensors"
-                skipped[reason] = skipped.get(reason, 0) + 1
+                skipped["matmul: an operand larger than this run's tensors"] += 1
             else:
                 timed(op, {"Model": f"{model} {batch}x{seq}"}, p, fam, dims, kernels)
             done += 1
@@ -281,8 +281,6 @@ def parse_models(text: str) -> tuple[tuple[str, int, int], ...]:
     naming the first bad entry."""
     if text.strip().lower() in ("", "none"):
         return ()
-    from predictor.zoo import ZOO
-
     out = []
     for entry in text.split(","):
         name, _, size = entry.strip().partition(":")

@@ -63,13 +63,14 @@ Extractor = Callable[..., list[Row]]
 REGISTRY: Registry = Registry("op-family extractor")  # aten op -> Extractor
 
 # Ops that are free on a GPU: metadata, views, allocation without a kernel, or
-# host-side scalars. Listed explicitly where the schema alone does not say so.
+# host-side scalars. Listed explicitly where neither the schema nor ATen's
+# inplace_view tag (resize_, set_, as_strided_, ...) says so (`is_free`).
 FREE_OPS = {
     aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
     aten.new_empty_strided, aten._unsafe_view, aten.lift_fresh_copy, aten.lift_fresh,
     aten.sym_size, aten.sym_stride, aten.sym_numel, aten.scalar_tensor,
     aten._local_scalar_dense, aten.detach, aten.alias, aten._assert_async,
-    aten.resize_, aten.set_, aten.sym_storage_offset,
+    aten.sym_storage_offset,
 }
 
 
