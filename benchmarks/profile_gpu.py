@@ -51,6 +51,10 @@ def profile(name: str, cfg, device, out: Path) -> None:
         on_gpu = dev_type is not None and str(dev_type).endswith("CUDA")
         if device.type == "cuda" and not on_gpu:
             continue
+        if on_gpu and getattr(ev, "is_user_annotation", False):
+            # A record_function range (the optimizer's step) shown on the GPU
+            # timeline: it spans kernels listed on their own.
+            continue
         if device.type != "cuda" and ev.cpu_parent is not None:
             continue
         dur = ev.time_range.elapsed_us() if on_gpu else ev.cpu_time_total

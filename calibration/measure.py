@@ -506,7 +506,19 @@ def _reduction(c: RowContext) -> Runner:
 
 @builder(L.COPY)
 def _copy(c: RowContext) -> Runner:
-    read, written, _, _ = _mem(c)
+    read, written, inner, outer = _mem(c)
+    kind = int(c.dims[L.MEM_GENERIC]) if len(c.dims) > L.MEM_GENERIC else 0
+    if kind == L.COPY_STRIDED:
+        # A permuted view made contiguous, its innermost dim kept (attention's
+        # head split): ATen's generic strided kernel.
+        p = max(d for d in range(1, math.isqrt(outer) + 1) if outer % d == 0)
+        x = c.tensor(p, outer // p, inner).transpose(0, 1)
+        return lambda: x.contiguous()
+    if kind == L.COPY_CAST:
+        # The row counts elements in its narrowest dtype: a widening cast to
+        # fp32 (autocast's), or from an integer or bool tensor to fp32.
+        x = c.tensor(inner * outer)
+        return lambda: x.to(torch.float32)
     if read == 0:
         return _generic_mover(c, read, written)
     if read > written:  # gathers, index_select: read a larger source

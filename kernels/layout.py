@@ -73,6 +73,21 @@ MEM_OUTER = 4
 # channels-last (kernels.roofline.per_channel_batch_norm_us prices an NCHW
 # one's per-channel passes).
 MEM_LAYOUT = 5
+# dims[6] of a COPY row: which of PyTorch's elementwise kernels runs it, where
+# that is not the vectorised one (kernels.roofline.generic_copy_us prices
+# them by elements, not bytes):
+# - COPY_STRIDED: a copy between two layouts (`x.permute(...).contiguous()`,
+#   an ONNX Transpose that moves more than the last two axes). TensorIterator
+#   cannot coalesce it into one contiguous run, so ATen launches its generic
+#   kernel (`elementwise_kernel<128, 4>`), which computes every element's
+#   input and output offsets from the strides, one element a thread at a time.
+# - COPY_CAST: a contiguous dtype conversion other than fp32 -> fp16/bf16
+#   (those two have vectorised kernels of their own): the unrolled kernel
+#   with `LoadWithCast` / `StoreWithCast`, one element at a time through a
+#   switch on the dtypes.
+MEM_GENERIC = 6
+COPY_STRIDED = 1
+COPY_CAST = 2
 
 MAX_DIMS = 12
 

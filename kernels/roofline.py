@@ -221,6 +221,47 @@ def per_channel_batch_norm_us(family, dtype_code, d, gpu, t_stream):
     return max(t_stream, t_pass)
 
 
+# PyTorch's non-vectorised copy kernels (layout.MEM_GENERIC) handle one
+# element per thread per step, and the work per element (a stride walk over
+# every dim for both tensors, or a switch on both dtypes) is what bounds them
+# on a GPU whose DRAM outruns its SMs, not the bytes. Elements per SM per
+# clock cycle (boost clock), from the H200's measured kernels of a BERT-large
+# bf16 autocast training step at batch 16 (benchmarks/data/h200/profile:
+# each kernel kind's summed time against the elements of the traced rows it
+# runs): the strided copies of the attention heads
+# (`elementwise_kernel<128, 4>` over `direct_copy_kernel_cuda`, 192 of them,
+# 1.61 G elements in 6.18 ms) 1.00; the bf16 -> fp32 casts
+# (`unrolled_elementwise_kernel` with `LoadWithCast`, 446, 4.64 G elements in
+# 14.29 ms) 1.24. The bytes alone would have them at 0.11 and 0.40 of the
+# H200's DRAM bandwidth. On another architecture the same bound shows: the
+# A100's fp32 `contiguous()` copies of the attention heads in the dataset's
+# per-node files reach 0.98-1.00 elements per SM per clock at their largest
+# (GPT-3 XL and OPT-1.3B at batch 8). On boards with fewer bytes of DRAM
+# bandwidth per SM cycle (GDDR boards, the V100) the bytes bind first.
+STRIDED_COPY_ELEMS_PER_SM_CLOCK = 1.0
+CAST_COPY_ELEMS_PER_SM_CLOCK = 1.24
+
+
+@njit(cache=True)
+def generic_copy_us(family, d, gpu, t_stream):
+    """A copy row's time without its launches, given `t_stream`, its time at
+    the bandwidth its bytes get: where PyTorch runs it with a non-vectorised
+    kernel (dims[MEM_GENERIC]), never faster than its elements at that
+    kernel's rate per SM clock. Unchanged: every other row, and devices other
+    than NVIDIA GPUs (no compute capability), whose kernels the measurements
+    above do not describe."""
+    if family != L.COPY or d.shape[0] <= L.MEM_GENERIC:
+        return t_stream
+    kind = d[L.MEM_GENERIC]
+    if kind <= 0.0 or column_or(gpu, L.G_CC_MAJOR, 0.0) <= 0.0:
+        return t_stream
+    rate = STRIDED_COPY_ELEMS_PER_SM_CLOCK if kind == L.COPY_STRIDED \
+        else CAST_COPY_ELEMS_PER_SM_CLOCK
+    elems = max(d[L.MEM_INNER], 1.0) * max(d[L.MEM_OUTER], 1.0)
+    t_elems = elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ])  # MHz: elements per us
+    return max(t_stream, t_elems)
+
+
 @njit(cache=True)
 def op_time_us(family, dtype_code, kernels, d, gpu, params):
     """Time of one execution of a row, microseconds (the analytical model)."""

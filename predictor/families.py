@@ -53,10 +53,21 @@ class TensorMeta:
     # Stored channels-last (NHWC / NDHWC strides, torch.channels_last): the
     # memory format cuDNN's convolutions see (predictor.lowering.is_channels_last).
     channels_last: bool = False
+    # Stored row-major and dense (torch.contiguous_format). With channels_last
+    # it says whether a copy between two tensors changes their layout, which
+    # decides the kernel PyTorch runs for it (`copy_kernel`).
+    contiguous: bool = True
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def layout(self) -> str:
+        """'contiguous', 'channels_last' or 'strided' (any other order)."""
+        if self.contiguous:
+            return "contiguous"
+        return "channels_last" if self.channels_last else "strided"
 
 
 Extractor = Callable[..., list[Row]]
@@ -707,7 +718,7 @@ def _copy(*args, out=None, **kwargs) -> list[Row]:
     return generic_memory(L.COPY, args, kwargs, out)
 
 
-register(aten.cat, aten.stack, aten._to_copy, aten.copy_, aten.copy, aten.index_select,
+register(aten.cat, aten.stack, aten.index_select,
          aten.gather, aten.index, aten.scatter, aten.scatter_add, aten.index_put,
          aten.index_put_, aten.masked_scatter, aten.constant_pad_nd, aten.reflection_pad2d,
          aten.upsample_nearest2d, aten.upsample_bilinear2d, aten.slice_scatter,
@@ -745,10 +756,60 @@ register(aten.cumsum, aten.cumprod, aten.logcumsumexp, aten.cumsum_, aten.cumpro
          aten.cummax, aten.cummin)(_copy)
 
 
+def copy_kernel(src: TensorMeta, dst: TensorMeta) -> int:
+    """Which of PyTorch's CUDA copy kernels turns `src` into `dst`
+    (ATen's copy_device_to_device; layout.MEM_GENERIC):
+
+    - layouts that differ (a permuted view made contiguous, NCHW to
+      channels-last): the generic strided kernel, COPY_STRIDED, with or
+      without a dtype change;
+    - the same layout and dtype: cudaMemcpy or the vectorised copy, 0;
+    - fp32 to fp16 or bf16: their own vectorised kernels, 0;
+    - any other dtype change (bf16 or fp16 to fp32 under autocast, integer
+      or bool to float): the unrolled kernel with per-element casts,
+      COPY_CAST."""
+    if src.layout != dst.layout and src.numel > 1:
+        return L.COPY_STRIDED
+    if src.dtype == dst.dtype:
+        return 0
+    if src.dtype == torch.float32 and dst.dtype in (torch.float16, torch.bfloat16):
+        return 0
+    return L.COPY_CAST
+
+
+def _copy_row(src: TensorMeta, dst: TensorMeta, rows: list[Row]) -> list[Row]:
+    """`rows` (one COPY row) with dims[MEM_GENERIC] set from `copy_kernel`."""
+    kernel = copy_kernel(src, dst)
+    if not kernel:
+        return rows
+    family, dims, kernels = rows[0]
+    return [(family, tuple(dims[:L.MEM_LAYOUT]) + (0, kernel), kernels)]
+
+
+@register(aten._to_copy)
+def _to_copy(x: TensorMeta, *args, out=None, **kwargs) -> list[Row]:
+    rows = generic_memory(L.COPY, (x,), {}, out)
+    dst = tensors(out)
+    return _copy_row(x, dst[0], rows) if dst and isinstance(x, TensorMeta) else rows
+
+
+@register(aten.copy_, aten.copy)
+def _copy_(dst: TensorMeta, src: Any, *_, out=None, **__) -> list[Row]:
+    # copy_(self, src) and its functional twin copy(self, src): read src and
+    # write a tensor of self's dtype and layout (self itself, or the result).
+    target = tensors(out)[:1] or tensors(dst)[:1]
+    rows = generic_memory(L.COPY, (src,), {}, target)
+    if isinstance(src, TensorMeta) and target:
+        return _copy_row(src, target[0], rows)
+    return rows
+
+
 @register(aten.clone, aten.contiguous)
 def _clone(x: TensorMeta, *_, out=None, **__) -> list[Row]:
     inner = x.shape[-1] if x.shape else 1
-    return [memory_row(L.COPY, x.numel, x.numel, 0, inner, x.numel // max(inner, 1))]
+    rows = [memory_row(L.COPY, x.numel, x.numel, 0, inner, x.numel // max(inner, 1))]
+    dst = tensors(out)
+    return _copy_row(x, dst[0], rows) if dst else rows
 
 
 @register(aten.zeros, aten.ones, aten.full, aten.zeros_like, aten.ones_like, aten.full_like,

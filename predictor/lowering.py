@@ -56,7 +56,7 @@ class BatchScaler:
     def convert(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return TensorMeta(tuple(self.dim(int(d)) for d in x.shape), x.dtype,
-                              is_transposed_view(x), is_channels_last(x))
+                              is_transposed_view(x), is_channels_last(x), is_contiguous(x))
         if isinstance(x, bool):
             return x
         if isinstance(x, int):
@@ -97,13 +97,22 @@ def is_channels_last(x: torch.Tensor) -> bool:
         return False
 
 
+def is_contiguous(x: torch.Tensor) -> bool:
+    """Stored row-major and dense (torch.contiguous_format); a tensor without
+    strides counts as contiguous."""
+    try:
+        return bool(x.is_contiguous())
+    except (RuntimeError, NotImplementedError):  # tensors without strides (sparse, ...)
+        return True
+
+
 def _key(x: Any) -> Any:
     """A hashable identity of an argument structure (shapes, dtypes, layouts, scalars)."""
     if isinstance(x, torch.fx.Node):
         return _key(x.meta.get("val"))
     if isinstance(x, torch.Tensor):
         return ("T", tuple(int(d) for d in x.shape), x.dtype, is_transposed_view(x),
-                is_channels_last(x))
+                is_channels_last(x), is_contiguous(x))
     if isinstance(x, (list, tuple)):
         return tuple(_key(i) for i in x)
     if isinstance(x, dict):

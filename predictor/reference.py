@@ -560,6 +560,21 @@ def per_channel_batch_norm_us(family: int, dtype_code: int, d: Sequence[int],
     return max(t_stream, one_pass)  # cuDNN: one kernel
 
 
+def generic_copy_us(family: int, d: Sequence[int], gpu: Sequence[float],
+                    t_stream: float) -> float:
+    """roofline.generic_copy_us: a copy PyTorch runs with a non-vectorised
+    kernel on an NVIDIA GPU lasts at least its elements at that kernel's rate
+    per SM clock."""
+    kind = d[L.MEM_GENERIC] if family == L.COPY and len(d) > L.MEM_GENERIC else 0
+    nvidia = len(gpu) > L.G_CC_MAJOR and gpu[L.G_CC_MAJOR] > 0
+    if kind <= 0 or not nvidia:
+        return t_stream
+    rate = R.STRIDED_COPY_ELEMS_PER_SM_CLOCK if kind == L.COPY_STRIDED \
+        else R.CAST_COPY_ELEMS_PER_SM_CLOCK
+    elems = max(d[L.MEM_INNER], 1) * max(d[L.MEM_OUTER], 1)
+    return max(t_stream, elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ]))
+
+
 def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                gpu: Sequence[float], params, mlp) -> float:
     """Time of one execution of a row (us): the ideal roofline time over a
@@ -567,11 +582,15 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
     roofline; tensor-core and half-precision rows as in kernels/precision.py;
     a convolution's layout transpose (dims[MEM_LAYOUT]) costs nothing where
     the convolution is not on tensor cores; a training NCHW batch norm lasts
-    at least its per-channel passes."""
+    at least its per-channel passes; a copy on PyTorch's non-vectorised
+    kernels at least its elements at their rate."""
     t = _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp)
     launches = kernels * params[R.P_LAUNCH_US]
-    return per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches \
-        if family in (L.BATCH_NORM, L.BATCH_NORM_BWD) else t
+    if family in (L.BATCH_NORM, L.BATCH_NORM_BWD):
+        return per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
+    if family == L.COPY and t > 0.0:
+        return generic_copy_us(family, d, gpu, t - launches) + launches
+    return t
 
 
 def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],

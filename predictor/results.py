@@ -33,7 +33,12 @@ def describe(family: int, d) -> str:
     if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0:
         # cuDNN's layout transpose around an NCHW tensor-core convolution.
         return f"conv NCHW<->NHWC transpose {_si(read)} elems"
-    return f"read {_si(read)} write {_si(written)} elems"
+    text = f"read {_si(read)} write {_si(written)} elems"
+    if family == L.COPY and len(d) > L.MEM_GENERIC and d[L.MEM_GENERIC] > 0:
+        # PyTorch's non-vectorised copy kernels (kernels.roofline.generic_copy_us).
+        kind = "strided" if d[L.MEM_GENERIC] == L.COPY_STRIDED else "cast"
+        text += f" ({kind})"
+    return text
 
 
 def _si(x: float) -> str:

@@ -48,7 +48,8 @@ import torch.fx
 from predictor import families
 from predictor.families import TensorMeta
 from predictor.kernels import layout as L
-from predictor.lowering import BatchScaler, _rows_at, is_channels_last, is_transposed_view
+from predictor.lowering import (BatchScaler, _rows_at, is_channels_last, is_contiguous,
+                                is_transposed_view)
 from predictor.optable import LayoutProfile, OpTable
 
 aten = torch.ops.aten
@@ -874,7 +875,8 @@ class _ProbeScaler(BatchScaler):
             shape = [self.dim(int(d)) for d in v.shape]
             if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < len(shape):
                 shape[a] *= PROBE
-            return TensorMeta(tuple(shape), v.dtype, is_transposed_view(v), is_channels_last(v))
+            return TensorMeta(tuple(shape), v.dtype, is_transposed_view(v), is_channels_last(v),
+                              is_contiguous(v))
         if isinstance(v, (list, tuple)):
             axes = a if isinstance(a, (list, tuple)) else [None] * len(v)
             return type(v)(self._probe(i, ai) for i, ai in zip(v, axes)) \

@@ -17,7 +17,7 @@ back into the one kernel PyTorch runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -213,7 +213,10 @@ def _transpose(ctx: _Ctx, node) -> list[_Fwd]:
     if moved == kept or (len(moved) >= 2 and moved[:-2] == kept[:-2]
                          and moved[-2:] == kept[-2:][::-1]):
         return []
-    return [_Fwd(Call(aten.clone.default, (ctx.t(x),), out=ctx.t(y)), (x,), (y,))]
+    # The input in the order the permutation reads it: a copy between two
+    # layouts, as `x.permute(...).contiguous()` runs it (families.copy_kernel).
+    src = replace(ctx.t(x), contiguous=False)
+    return [_Fwd(Call(aten.clone.default, (src,), out=ctx.t(y)), (x,), (y,))]
 
 
 @onnx_op("Slice")

@@ -1,0 +1,173 @@
+"""Copies PyTorch runs with its non-vectorised kernels (layout.MEM_GENERIC):
+which copies the lowering flags, their price by elements per SM clock
+(kernels.roofline.generic_copy_us), and the H200 profile the rates come from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import predictor
+from predictor import hardware, opmodel, reference
+from predictor.families import TensorMeta, copy_kernel
+from predictor.kernels import layout as L
+from predictor.kernels.optime import isolated_time_us, op_time_us
+from predictor.kernels.roofline import (CAST_COPY_ELEMS_PER_SM_CLOCK, P_LAUNCH_US,
+                                        STRIDED_COPY_ELEMS_PER_SM_CLOCK, default_params)
+
+PROFILE = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h200" / "profile"
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+def _meta(dtype, layout="contiguous", shape=(8, 512, 16, 64)):
+    return TensorMeta(shape, dtype, channels_last=layout == "channels_last",
+                      contiguous=layout == "contiguous")
+
+
+@pytest.mark.parametrize("src, dst, kind", [
+    (_meta(F32, "strided"), _meta(F32), L.COPY_STRIDED),        # permute(...).contiguous()
+    (_meta(BF16, "strided"), _meta(F32), L.COPY_STRIDED),       # strided with a cast
+    (_meta(F32), _meta(F32, "channels_last"), L.COPY_STRIDED),  # NCHW -> NHWC
+    (_meta(F32, "strided"), _meta(F32, "strided"), 0),          # clone keeping the layout
+    (_meta(F32), _meta(F32), 0),                                 # cudaMemcpy
+    (_meta(F32), _meta(BF16), 0),                                # vectorised fp32 -> bf16
+    (_meta(F32), _meta(F16), 0),                                 # vectorised fp32 -> fp16
+    (_meta(BF16), _meta(F32), L.COPY_CAST),                      # autocast's bf16 -> fp32
+    (_meta(F16), _meta(F32), L.COPY_CAST),
+    (_meta(torch.int64), _meta(F32), L.COPY_CAST),
+])
+def test_copy_kernel_follows_atens_copy_dispatch(src, dst, kind):
+    assert copy_kernel(src, dst) == kind
+
+
+class Heads(torch.nn.Module):
+    """Attention's head split and merge, and an fp32 tail, as an autocast
+    transformer layer runs them."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.proj(x).view(b, s, 4, 16).permute(0, 2, 1, 3).contiguous()
+        h = h.permute(0, 2, 1, 3).reshape(b, s, 64)
+        return torch.softmax(h.float(), -1)
+
+
+def _copy_rows(graph):
+    ops = graph.ops
+    d = ops.dims(graph.batch_size)
+    m = ops.family == L.COPY
+    names = [ops.op_names[i] for i in ops.op[m]]
+    return list(zip(names, d[m, L.MEM_GENERIC], ops.phase[m]))
+
+
+def test_trace_flags_head_permutes_and_widening_casts():
+    g = predictor.trace(Heads(), (torch.zeros(8, 32, 64),), amp="bf16",
+                        loss_fn=lambda out: out.mean())
+    rows = _copy_rows(g)
+    forward = [(n, int(k)) for n, k, p in rows if p == L.FORWARD]
+    assert ("clone", L.COPY_STRIDED) in forward  # .contiguous() of the permuted heads
+    assert ("_to_copy", L.COPY_CAST) in forward  # the bf16 activations to fp32 for softmax
+    assert ("_to_copy", 0) in forward            # fp32 weights to bf16: vectorised
+    # In fp32 the same model has the strided copies and no casts.
+    g32 = predictor.trace(Heads(), (torch.zeros(8, 32, 64),), loss_fn=lambda out: out.mean())
+    kinds = {(n, int(k)) for n, k, _ in _copy_rows(g32)}
+    assert ("clone", L.COPY_STRIDED) in kinds and not any(n == "_to_copy" for n, _ in kinds)
+
+
+def _row(kind, elems=8 * 16 * 512 * 64, dtype_bytes_units=1):
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    inner = 64
+    d[:5] = (elems, elems * dtype_bytes_units, 0, inner, elems // inner)
+    d[L.MEM_GENERIC] = kind
+    return d
+
+
+def _both(d, dtype, gpu):
+    params, mlp = default_params(), opmodel.weights()
+    f = hardware.get(gpu).features
+    t = op_time_us(L.COPY, dtype, 1, d, f, params, mlp)
+    assert reference.op_time_us(L.COPY, dtype, 1, list(d), list(f), params, mlp) \
+        == pytest.approx(t, rel=1e-9)
+    return t, params[P_LAUNCH_US], f
+
+
+@pytest.mark.parametrize("kind, rate, units", [
+    (L.COPY_STRIDED, STRIDED_COPY_ELEMS_PER_SM_CLOCK, 1),
+    (L.COPY_CAST, CAST_COPY_ELEMS_PER_SM_CLOCK, 2),
+])
+def test_a_generic_copy_on_an_h200_is_bound_by_its_elements(kind, rate, units):
+    d = _row(kind, dtype_bytes_units=units)
+    t, launch, f = _both(d, L.BF16, "H200-SXM-141GB")
+    elems = d[L.MEM_INNER] * d[L.MEM_OUTER]
+    assert t - launch == pytest.approx(elems / (rate * f[L.G_SMS] * f[L.G_CLOCK_MHZ]))
+    plain = d.copy()
+    plain[L.MEM_GENERIC] = 0
+    t_plain, _, _ = _both(plain, L.BF16, "H200-SXM-141GB")
+    assert t > 1.5 * t_plain  # the bytes alone would be priced well under half of it
+    iso = isolated_time_us(L.COPY, L.BF16, d, f, default_params(), opmodel.weights())
+    assert iso >= elems / (rate * f[L.G_SMS] * f[L.G_CLOCK_MHZ])
+
+
+@pytest.mark.parametrize("gpu", ["T4", "MI300X"])
+def test_where_the_element_rate_does_not_bind(gpu):
+    # A T4 moves 5 bytes of DRAM per SM clock: an fp32 strided copy's 8 bytes
+    # an element bind first. An AMD GPU's kernels are not these.
+    d = _row(L.COPY_STRIDED)
+    t, _, _ = _both(d, L.F32, gpu)
+    plain = d.copy()
+    plain[L.MEM_GENERIC] = 0
+    assert t == pytest.approx(_both(plain, L.F32, gpu)[0], rel=1e-12)
+
+
+def test_h200_profile_rates_reproduce_bert_large_copy_kernels():
+    """The rates are the H200's measured kernels of a BERT-large bf16 autocast
+    step (batch 16) over the traced rows' elements: each kernel kind's summed
+    time is what the flagged rows add up to at their rate."""
+    prof = pd.read_csv(PROFILE / "bert-large-b16-bf16.csv")
+    strided = prof.kernel.str.contains("elementwise_kernel<128, 4")
+    strided &= prof.kernel.str.contains("direct_copy_kernel_cuda")
+    cast = prof.kernel.str.startswith("void at::native::unrolled_elementwise_kernel<at::native::"
+                                      "direct_copy_kernel_cuda")
+    g = predictor.trace("bert-large", batch_size=16, amp="bf16", optimizer="adam")
+    ops = g.ops
+    d = ops.dims(16)
+    f = hardware.get("H200-SXM-141GB").features
+    cycles_us = f[L.G_SMS] * f[L.G_CLOCK_MHZ]
+    for mask, kind, rate in ((strided, L.COPY_STRIDED, STRIDED_COPY_ELEMS_PER_SM_CLOCK),
+                             (cast, L.COPY_CAST, CAST_COPY_ELEMS_PER_SM_CLOCK)):
+        rows = (ops.family == L.COPY) & (d[:, L.MEM_GENERIC] == kind)
+        assert int(ops.count[rows].sum()) == pytest.approx(prof.calls[mask].sum(), abs=1)
+        elems = (d[rows, L.MEM_INNER] * d[rows, L.MEM_OUTER] * ops.count[rows]).sum()
+        assert elems / (rate * cycles_us) == pytest.approx(prof.us_per_step[mask].sum(),
+                                                           rel=0.02)
+
+
+def test_profile_totals_leave_out_the_optimizer_annotation():
+    # torch.profiler lists record_function ranges (the optimizer's step) on the
+    # GPU timeline too; they span kernels already counted.
+    prof = pd.read_csv(PROFILE / "bert-large-b16-bf16.csv")
+    assert prof.kernel.str.contains("#").sum() > 1  # kernel names hold '#'
+    annotation = prof.kernel.str.startswith("Optimizer.step")
+    assert annotation.sum() == 1
+    assert prof.us_per_step[~annotation].sum() / 1e3 == pytest.approx(108.4, abs=0.1)
+
+
+@pytest.mark.parametrize("kind", [L.COPY_STRIDED, L.COPY_CAST])
+def test_calibration_measures_the_copy_kernel_the_row_names(kind):
+    from calibration.measure import RowContext, build_runner
+
+    units = 2 if kind == L.COPY_CAST else 1
+    d = tuple(int(v) for v in _row(kind, elems=6 * 10 * 16, dtype_bytes_units=units))
+    name = "clone" if kind == L.COPY_STRIDED else "_to_copy"
+    ctx = RowContext(L.COPY, torch.bfloat16, 1, d, name, 1, torch.device("cpu"))
+    out = build_runner(ctx)()
+    assert out.numel() == 6 * 10 * 16
+    assert out.dtype == (torch.float32 if kind == L.COPY_CAST else torch.bfloat16)
+    assert out.is_contiguous()
