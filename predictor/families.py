@@ -767,7 +767,14 @@ def copy_kernel(src: TensorMeta, dst: TensorMeta) -> int:
     - fp32 to fp16 or bf16: their own vectorised kernels, 0;
     - any other dtype change (bf16 or fp16 to fp32 under autocast, integer
       or bool to float): the unrolled kernel with per-element casts,
-      COPY_CAST."""
+      COPY_CAST.
+
+    Float8 casts and layout copies are none of these: the float8 recipe runs
+    under torch.compile, whose generated kernels fuse and vectorise them
+    (predictor.frontend.float8), 0."""
+    if src.dtype.itemsize == 1 and src.dtype.is_floating_point \
+            or dst.dtype.itemsize == 1 and dst.dtype.is_floating_point:
+        return 0
     if src.layout != dst.layout and src.numel > 1:
         return L.COPY_STRIDED
     if src.dtype == dst.dtype:

@@ -171,3 +171,9 @@ def test_calibration_measures_the_copy_kernel_the_row_names(kind):
     assert out.numel() == 6 * 10 * 16
     assert out.dtype == (torch.float32 if kind == L.COPY_CAST else torch.bfloat16)
     assert out.is_contiguous()
+
+
+def test_float8_copies_are_compiled_kernels():
+    e4m3 = torch.float8_e4m3fn
+    assert copy_kernel(_meta(BF16), _meta(e4m3)) == 0
+    assert copy_kernel(_meta(e4m3, "strided"), _meta(e4m3)) == 0
