@@ -177,3 +177,18 @@ def test_float8_copies_are_compiled_kernels():
     e4m3 = torch.float8_e4m3fn
     assert copy_kernel(_meta(BF16), _meta(e4m3)) == 0
     assert copy_kernel(_meta(e4m3, "strided"), _meta(e4m3)) == 0
+
+
+@pytest.mark.parametrize("amp", [None, "bf16"])
+def test_the_sweep_prices_flagged_copies_as_the_per_op_table_does(amp):
+    # The sweep's block form of the learned models (kernels.grid) and the
+    # per-op times (p.ops) must agree on an fp32 strided copy too, which the
+    # learned elementwise network serves directly.
+    g = predictor.trace(Heads(), (torch.zeros(64, 512, 64),), amp=amp,
+                        loss_fn=lambda out: out.mean())
+    for gpu in ("H200-SXM-141GB", "A100-SXM4-80GB", "T4"):
+        p = predictor.predict(g, gpu)
+        ops = p.ops
+        assert ops["shape"].str.contains("strided").any()
+        gpu_ms = p.iteration_ms - p.overhead_ms  # the phases without the host's wait
+        assert ops.ms.sum() == pytest.approx(gpu_ms, rel=1e-9)
