@@ -248,7 +248,7 @@ def record_rows(call) -> list:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from predictor import families
-    from predictor.lowering import is_channels_last, is_transposed_view
+    from predictor.lowering import is_channels_last, is_contiguous, is_transposed_view
 
     calls = []
 
@@ -264,7 +264,8 @@ def record_rows(call) -> list:
     def conv(x):
         if isinstance(x, torch.Tensor):
             return families.TensorMeta(tuple(int(s) for s in x.shape), x.dtype,
-                                       is_transposed_view(x), is_channels_last(x))
+                                       is_transposed_view(x), is_channels_last(x),
+                                       is_contiguous(x))
         if isinstance(x, (list, tuple)):
             return type(x)(conv(i) for i in x)
         return x

@@ -192,3 +192,35 @@ def test_the_sweep_prices_flagged_copies_as_the_per_op_table_does(amp):
         assert ops["shape"].str.contains("strided").any()
         gpu_ms = p.iteration_ms - p.overhead_ms  # the phases without the host's wait
         assert ops.ms.sum() == pytest.approx(gpu_ms, rel=1e-9)
+
+
+class Split(Heads):
+    """The head split alone: its transpose stays in the exported graph."""
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.proj(x).view(b, s, 4, 16).permute(0, 2, 1, 3).contiguous()
+        return torch.softmax(h.reshape(b, -1), -1)
+
+
+def test_onnx_transposes_are_strided_copies_as_in_the_fx_trace(tmp_path):
+    pytest.importorskip("onnx")
+    import warnings
+
+    path = tmp_path / "split.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Split(), (torch.zeros(8, 32, 64),), str(path), dynamo=False,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "b"}})
+    go = predictor.trace(str(path), batch_size=8, mode="inference")
+    gf = predictor.trace(Split(), (torch.zeros(8, 32, 64),), mode="inference")
+    strided = {name for name, kind, _ in _copy_rows(go) if kind == L.COPY_STRIDED}
+    assert strided == {"clone"}
+    # Training, in fp32 and under autocast: the synthesised backward copies
+    # the gradient back between the same layouts and dtypes as fx's does.
+    for amp in (None, "bf16"):
+        go = predictor.trace(str(path), batch_size=8, amp=amp)
+        gf = predictor.trace(Split(), (torch.zeros(8, 32, 64),), amp=amp,
+                             loss_fn=lambda out: out.float().mean())
+        assert sorted((int(k), int(p)) for _, k, p in _copy_rows(go)) \
+            == sorted((int(k), int(p)) for _, k, p in _copy_rows(gf))

@@ -369,7 +369,7 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
 def _scale(x: Any, sentinel: int | None, batch: int) -> Any:
     if isinstance(x, TensorMeta):
         return TensorMeta(tuple(_scale_dim(d, sentinel, batch) for d in x.shape), x.dtype,
-                          x.transposed, x.channels_last)
+                          x.transposed, x.channels_last, x.contiguous)
     if isinstance(x, bool):
         return x
     if isinstance(x, int):

@@ -61,7 +61,7 @@ def _floating(t) -> bool:
 
 
 def _with(t: TensorMeta, dtype: torch.dtype) -> TensorMeta:
-    return TensorMeta(t.shape, dtype, t.transposed)
+    return dataclasses.replace(t, dtype=dtype)
 
 
 class OnnxAutocast:

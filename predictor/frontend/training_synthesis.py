@@ -454,11 +454,16 @@ def _minmax_bwd(call: Call, needs: tuple) -> list[Call]:
 
 @backward_rule(aten.clone, aten._to_copy, aten.constant_pad_nd, aten.reflection_pad2d)
 def _copy_like_bwd(call: Call, needs: tuple) -> list[Call]:
-    # A permuting copy, a cast or a pad: the gradient is copied back.
+    # A permuting copy, a cast or a pad: the gradient is copied back. A copy
+    # between layouts or dtypes goes back between the same two, so it runs
+    # the kernel the forward's inverse would (families.copy_kernel).
     x = call.args[0]
     y = _first(call.out)
-    return [Call(aten.clone.default, (y,), out=_t(x.shape, x), kind="copy",
-                 name=f"{call.op_name}_backward")]
+    name = f"{call.op_name}_backward"
+    packet = getattr(call.op, "overloadpacket", call.op)
+    if isinstance(x, TensorMeta) and packet in (aten.clone, aten._to_copy):
+        return [Call(aten._to_copy.default, (y,), out=x, name=name)]
+    return [Call(aten.clone.default, (y,), out=_t(x.shape, x), kind="copy", name=name)]
 
 
 @backward_rule(aten.cat)
