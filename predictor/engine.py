@@ -19,7 +19,8 @@ from predictor.kernels import layout as L
 from predictor.kernels import precision
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows
-from predictor.kernels.roofline import P_TF32_CONV, P_TF32_MATMUL, default_params
+from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL, default_params,
+                                       generic_copy_us)
 from predictor.optable import Graph
 from predictor.results import Prediction, SweepResult
 
@@ -70,6 +71,23 @@ def predicted_basis(ops, gpu=None, params: np.ndarray | None = None) -> np.ndarr
             if precision.mode_of(fam, dt, gpu, p) == precision.TENSOR_CORE:
                 basis[i] = L.BASIS_ANALYTICAL
     return basis
+
+
+def _element_bound(ops, batch: int, gpu: np.ndarray, per_op_us: np.ndarray,
+                   params: np.ndarray) -> np.ndarray:
+    """Rows whose time is their elements at PyTorch's non-vectorised copy rate
+    (kernels.roofline.generic_copy_us), not the learned model's price of their
+    bytes: their basis is analytical."""
+    out = np.zeros(len(ops), dtype=bool)
+    d = ops.dims(batch)
+    if d.shape[1] <= L.MEM_GENERIC:
+        return out
+    for i in np.nonzero((ops.family == L.COPY) & (d[:, L.MEM_GENERIC] > 0))[0]:
+        bound = generic_copy_us(L.COPY, d[i], gpu, 0.0)
+        if bound > 0.0:
+            launches = ops.kernels[i] * params[P_LAUNCH_US]
+            out[i] = per_op_us[i] <= (bound + launches) * (1.0 + 1e-9)
+    return out
 
 
 def model_params(tf32_matmul: bool | None = None, tf32_conv: bool | None = None) -> np.ndarray:
@@ -251,7 +269,9 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
         evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
                      g.features, model_params(tf32_matmul, tf32_conv), _mlp(),
                      *_NO_CALIBRATION, per_op)
-        basis = predicted_basis(ops, g.features, model_params(tf32_matmul, tf32_conv))
+        params = model_params(tf32_matmul, tf32_conv)
+        basis = predicted_basis(ops, g.features, params)
+        basis[_element_bound(ops, b, g.features, per_op, params)] = L.BASIS_ANALYTICAL
     fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
     return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
                       backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,

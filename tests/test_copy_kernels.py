@@ -224,3 +224,21 @@ def test_onnx_transposes_are_strided_copies_as_in_the_fx_trace(tmp_path):
                              loss_fn=lambda out: out.float().mean())
         assert sorted((int(k), int(p)) for _, k, p in _copy_rows(go)) \
             == sorted((int(k), int(p)) for _, k, p in _copy_rows(gf))
+
+
+def test_rows_priced_by_their_elements_say_analytical():
+    g = predictor.trace(Heads(), (torch.zeros(64, 512, 64),), amp="bf16",
+                        loss_fn=lambda out: out.mean())
+    ops = predictor.predict(g, "H200-SXM-141GB").ops
+    flagged = ops["shape"].str.contains(r"\((strided|cast)\)")
+    large = ops.dims.map(lambda d: len(d) > 4 and d[3] * d[4] >= 1 << 20)
+    assert flagged[large].any()
+    assert (ops.basis[flagged & large] == "analytical").all()
+    # Small copies stay at the learned model's price, above their element bound.
+    assert (ops.basis[(ops.family == "copy") & ~(flagged & large)] == "learned").all()
+    # An fp32 strided copy on a T4 (8 bytes an element, 5 bytes of DRAM
+    # bandwidth per SM clock): the bytes bind, the learned price stands.
+    g32 = predictor.trace(Heads(), (torch.zeros(64, 512, 64),), loss_fn=lambda out: out.mean())
+    ops = predictor.predict(g32, "T4").ops
+    strided = ops["shape"].str.contains("strided")
+    assert (ops.basis[strided] == "learned").all()
