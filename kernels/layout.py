@@ -73,9 +73,9 @@ MEM_OUTER = 4
 # channels-last (kernels.roofline.per_channel_batch_norm_us prices an NCHW
 # one's per-channel passes).
 MEM_LAYOUT = 5
-# dims[6] of a COPY row: which of PyTorch's elementwise kernels runs it, where
-# that is not the vectorised one (kernels.roofline.generic_copy_us prices
-# them by elements, not bytes):
+# dims[6] of a COPY or ELEMENTWISE row: which of PyTorch's elementwise
+# kernels runs it, where that is not the vectorised one
+# (kernels.roofline.generic_kernel_us prices them by elements, not bytes):
 # - COPY_STRIDED: a copy between two layouts (`x.permute(...).contiguous()`,
 #   an ONNX Transpose that moves more than the last two axes). TensorIterator
 #   cannot coalesce it into one contiguous run, so ATen launches its generic
@@ -85,9 +85,13 @@ MEM_LAYOUT = 5
 #   (those two have vectorised kernels of their own): the unrolled kernel
 #   with `LoadWithCast` / `StoreWithCast`, one element at a time through a
 #   switch on the dtypes.
+# - CAST_BINARY: an elementwise op whose floating operands differ in dtype
+#   (an fp32 + bf16 add under autocast): the same unrolled kernel, each
+#   input loaded through `LoadWithCast`.
 MEM_GENERIC = 6
 COPY_STRIDED = 1
 COPY_CAST = 2
+CAST_BINARY = 3
 
 MAX_DIMS = 12
 

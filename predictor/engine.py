@@ -20,7 +20,7 @@ from predictor.kernels import precision
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows
 from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL, default_params,
-                                       generic_copy_us)
+                                       generic_kernel_us)
 from predictor.optable import Graph
 from predictor.results import Prediction, SweepResult
 
@@ -75,15 +75,16 @@ def predicted_basis(ops, gpu=None, params: np.ndarray | None = None) -> np.ndarr
 
 def _element_bound(ops, batch: int, gpu: np.ndarray, per_op_us: np.ndarray,
                    params: np.ndarray) -> np.ndarray:
-    """Rows whose time is their elements at PyTorch's non-vectorised copy rate
-    (kernels.roofline.generic_copy_us), not the learned model's price of their
-    bytes: their basis is analytical."""
+    """Rows whose time is their elements at the rate of PyTorch's
+    non-vectorised kernels (kernels.roofline.generic_kernel_us), not the
+    learned model's price of their bytes: their basis is analytical."""
     out = np.zeros(len(ops), dtype=bool)
     d = ops.dims(batch)
     if d.shape[1] <= L.MEM_GENERIC:
         return out
-    for i in np.nonzero((ops.family == L.COPY) & (d[:, L.MEM_GENERIC] > 0))[0]:
-        bound = generic_copy_us(L.COPY, d[i], gpu, 0.0)
+    generic = (ops.family == L.COPY) | (ops.family == L.ELEMENTWISE)
+    for i in np.nonzero(generic & (d[:, L.MEM_GENERIC] > 0))[0]:
+        bound = generic_kernel_us(ops.family[i], d[i], gpu, 0.0)
         if bound > 0.0:
             launches = ops.kernels[i] * params[P_LAUNCH_US]
             out[i] = per_op_us[i] <= (bound + launches) * (1.0 + 1e-9)

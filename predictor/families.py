@@ -840,7 +840,23 @@ _TRANSCENDENTAL = {"gelu", "gelu_backward", "tanh", "tanh_backward", "sigmoid",
 def elementwise(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
     name = op.__name__.split(".")[0].rstrip("_")
     fpe = 8 if name in _TRANSCENDENTAL else 1
-    return generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
+    rows = generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
+    if casting_inputs(tensors(args) + tensors(kwargs)) >= 2:
+        family, dims, kernels = rows[0]
+        rows = [(family, tuple(dims[:L.MEM_LAYOUT]) + (0, L.CAST_BINARY), kernels)]
+    return rows
+
+
+def casting_inputs(ins: list[TensorMeta]) -> int:
+    """How many inputs of an elementwise op PyTorch loads through a cast: all
+    of its floating tensors (one-element ones are passed as scalars) when they
+    are of more than one dtype (an fp32 + bf16 add under autocast: the
+    unrolled kernel with `LoadWithCast`, layout.CAST_BINARY), else none.
+    Float8 tensors are torch.compile's (predictor.frontend.float8)."""
+    floats = [t for t in ins if t.dtype.is_floating_point and t.numel > 1]
+    if len({t.dtype for t in floats}) < 2 or any(t.dtype.itemsize == 1 for t in floats):
+        return 0
+    return len(floats)
 
 
 def _pointwise(op: Any) -> Extractor:

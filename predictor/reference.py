@@ -560,17 +560,19 @@ def per_channel_batch_norm_us(family: int, dtype_code: int, d: Sequence[int],
     return max(t_stream, one_pass)  # cuDNN: one kernel
 
 
-def generic_copy_us(family: int, d: Sequence[int], gpu: Sequence[float],
+def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
                     t_stream: float) -> float:
-    """roofline.generic_copy_us: a copy PyTorch runs with a non-vectorised
+    """roofline.generic_kernel_us: a copy PyTorch runs with a non-vectorised
     kernel on an NVIDIA GPU lasts at least its elements at that kernel's rate
     per SM clock."""
-    kind = d[L.MEM_GENERIC] if family == L.COPY and len(d) > L.MEM_GENERIC else 0
+    generic = family in (L.COPY, L.ELEMENTWISE) and len(d) > L.MEM_GENERIC
+    kind = d[L.MEM_GENERIC] if generic else 0
     nvidia = len(gpu) > L.G_CC_MAJOR and gpu[L.G_CC_MAJOR] > 0
     if kind <= 0 or not nvidia:
         return t_stream
-    rate = R.STRIDED_COPY_ELEMS_PER_SM_CLOCK if kind == L.COPY_STRIDED \
-        else R.CAST_COPY_ELEMS_PER_SM_CLOCK
+    rate = {L.COPY_STRIDED: R.STRIDED_COPY_ELEMS_PER_SM_CLOCK,
+            L.CAST_BINARY: R.CAST_BINARY_ELEMS_PER_SM_CLOCK}.get(
+                kind, R.CAST_COPY_ELEMS_PER_SM_CLOCK)
     elems = max(d[L.MEM_INNER], 1) * max(d[L.MEM_OUTER], 1)
     return max(t_stream, elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ]))
 
@@ -588,8 +590,8 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
     launches = kernels * params[R.P_LAUNCH_US]
     if family in (L.BATCH_NORM, L.BATCH_NORM_BWD):
         return per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
-    if family == L.COPY and t > 0.0:
-        return generic_copy_us(family, d, gpu, t - launches) + launches
+    if family in (L.COPY, L.ELEMENTWISE) and t > 0.0:
+        return generic_kernel_us(family, d, gpu, t - launches) + launches
     return t
 
 

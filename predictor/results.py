@@ -34,8 +34,8 @@ def describe(family: int, d) -> str:
         # cuDNN's layout transpose around an NCHW tensor-core convolution.
         return f"conv NCHW<->NHWC transpose {_si(read)} elems"
     text = f"read {_si(read)} write {_si(written)} elems"
-    if family == L.COPY and len(d) > L.MEM_GENERIC and d[L.MEM_GENERIC] > 0:
-        # PyTorch's non-vectorised copy kernels (kernels.roofline.generic_copy_us).
+    if family in (L.COPY, L.ELEMENTWISE) and len(d) > L.MEM_GENERIC and d[L.MEM_GENERIC] > 0:
+        # PyTorch's non-vectorised kernels (kernels.roofline.generic_kernel_us).
         kind = "strided" if d[L.MEM_GENERIC] == L.COPY_STRIDED else "cast"
         text += f" ({kind})"
     return text

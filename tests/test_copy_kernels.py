@@ -1,6 +1,7 @@
-"""Copies PyTorch runs with its non-vectorised kernels (layout.MEM_GENERIC):
-which copies the lowering flags, their price by elements per SM clock
-(kernels.roofline.generic_copy_us), and the H200 profile the rates come from."""
+"""Copies and elementwise ops PyTorch runs with its non-vectorised kernels
+(layout.MEM_GENERIC): which rows the lowering flags, their price by elements
+per SM clock (kernels.roofline.generic_kernel_us), and the H200 profile the
+rates come from."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from predictor import hardware, opmodel, reference
 from predictor.families import TensorMeta, copy_kernel
 from predictor.kernels import layout as L
 from predictor.kernels.optime import isolated_time_us, op_time_us
-from predictor.kernels.roofline import (CAST_COPY_ELEMS_PER_SM_CLOCK, P_LAUNCH_US,
+from predictor.kernels.roofline import (CAST_BINARY_ELEMS_PER_SM_CLOCK,
+                                        CAST_COPY_ELEMS_PER_SM_CLOCK, P_LAUNCH_US,
                                         STRIDED_COPY_ELEMS_PER_SM_CLOCK, default_params)
 
 PROFILE = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h200" / "profile"
@@ -242,3 +244,36 @@ def test_rows_priced_by_their_elements_say_analytical():
     ops = predictor.predict(g32, "T4").ops
     strided = ops["shape"].str.contains("strided")
     assert (ops.basis[strided] == "learned").all()
+
+
+def test_mixed_dtype_elementwise_ops_load_through_casts():
+    from predictor.families import casting_inputs
+
+    assert casting_inputs([_meta(F32), _meta(BF16)]) == 2     # autocast's residual add
+    assert casting_inputs([_meta(BF16), _meta(BF16)]) == 0
+    assert casting_inputs([_meta(BF16), TensorMeta((), F32)]) == 0  # a 0-dim scalar
+    assert casting_inputs([_meta(torch.float8_e4m3fn), _meta(BF16)]) == 0
+    # The flag reaches the row, and prices it at its rate on an H200.
+    g = predictor.trace(Residual(), (torch.zeros(64, 512, 64),), amp="bf16",
+                        loss_fn=lambda out: out.float().mean())
+    ops = predictor.predict(g, "H200-SXM-141GB").ops
+    adds = ops[(ops.family == "elementwise") & (ops.op == "add") & (ops.phase == "forward")]
+    assert adds["shape"].str.contains(r"\(cast\)").all() and len(adds) == 1
+    d = adds.dims.iloc[0]
+    f = hardware.get("H200-SXM-141GB").features
+    elems = d[3] * d[4]
+    assert adds.ms_each.iloc[0] * 1e3 >= elems / (
+        CAST_BINARY_ELEMS_PER_SM_CLOCK * f[L.G_SMS] * f[L.G_CLOCK_MHZ])
+
+
+class Residual(torch.nn.Module):
+    """A layer-norm residual stream (fp32 under autocast) plus a bf16 branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+        self.norm = torch.nn.LayerNorm(64)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.norm(h + self.proj(h))
