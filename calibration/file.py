@@ -37,8 +37,8 @@ import torch
 
 from predictor.calibration.device import DeviceInfo, feature_columns
 from predictor.errors import FileFormatError
-from predictor.kernels import layout as L
 from predictor.io import MiB, atomic_writer, printable, read_regular
+from predictor.kernels import layout as L
 
 FORMAT = "dnn-predictor-calibration"
 VERSION = 1
@@ -56,10 +56,12 @@ def graph_fingerprint(graph) -> str:
     for name in _FINGERPRINT_COLUMNS:
         arr = np.array(getattr(ops, name), dtype=np.int64)
         if name == "dbase" and arr.ndim == 2 and arr.shape[1] > L.MEM_GENERIC:
-            # Which copy kernel PyTorch picks (layout.MEM_GENERIC) follows from
-            # the ops themselves and changes how they are priced, not what was
-            # measured: calibrations made before the column existed still match.
-            arr[np.asarray(ops.family) == L.COPY, L.MEM_GENERIC] = 0
+            # Which elementwise kernel PyTorch picks (layout.MEM_GENERIC)
+            # follows from the ops themselves and changes how they are priced,
+            # not what was measured: calibrations made before the column
+            # existed still match.
+            fam = np.asarray(ops.family)
+            arr[(fam == L.COPY) | (fam == L.ELEMENTWISE), L.MEM_GENERIC] = 0
         arr = np.ascontiguousarray(arr)
         h.update(name.encode())
         h.update(str(arr.shape).encode())

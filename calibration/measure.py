@@ -463,10 +463,17 @@ def _generic_mover(c: RowContext, read: int, written: int) -> Runner:
 
 @builder(L.ELEMENTWISE)
 def _elementwise(c: RowContext) -> Runner:
-    read, written, _, _ = _mem(c)
+    read, written, inner, outer = _mem(c)
     name = _base_name(c.op_name)
     if read == 0 or written == 0:
         return _generic_mover(c, read, written)
+    if len(c.dims) > L.MEM_GENERIC and int(c.dims[L.MEM_GENERIC]) == L.CAST_BINARY:
+        # Inputs of two dtypes (an fp32 + bf16 add under autocast): one in the
+        # row's dtype, one in fp32, as the unrolled kernel with casting loads
+        # runs them.
+        a, b = c.tensor(inner * outer), c.tensor(inner * outer, dtype=torch.float32)
+        fn = _BINARY.get(name, torch.add)
+        return lambda: fn(a, b)
     ins = _elementwise_inputs(c, read, written)
     if len(ins) == 1 and name in _UNARY and hasattr(torch, name):
         fn, x = getattr(torch, name, None), ins[0]

@@ -5,6 +5,7 @@ rates come from."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -277,3 +278,28 @@ class Residual(torch.nn.Module):
     def forward(self, x):
         h = self.norm(x)
         return self.norm(h + self.proj(h))
+
+
+def test_calibration_measures_a_mixed_dtype_add_with_two_dtypes():
+    from calibration.measure import RowContext, build_runner
+
+    n = 6 * 64
+    d = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    d[:5] = (3 * n, 2 * n, n, 64, 6)  # bf16 units: n + 2n read, 2n written
+    d[L.MEM_GENERIC] = L.CAST_BINARY
+    ctx = RowContext(L.ELEMENTWISE, torch.bfloat16, 1, tuple(int(v) for v in d), "add", 1,
+                     torch.device("cpu"))
+    out = build_runner(ctx)()
+    assert out.dtype == torch.float32 and out.numel() == n
+
+
+def test_calibrations_made_before_the_flag_still_match():
+    from calibration.file import graph_fingerprint
+
+    g = predictor.trace(Residual(), (torch.zeros(8, 32, 64),), amp="bf16",
+                        loss_fn=lambda out: out.float().mean())
+    assert (g.ops.dbase[:, L.MEM_GENERIC] > 0).any()
+    before = graph_fingerprint(g)
+    old = copy.deepcopy(g)
+    old.ops.dbase[:, L.MEM_GENERIC] = 0  # the graph as an older version traced it
+    assert graph_fingerprint(old) == before
