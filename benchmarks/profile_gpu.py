@@ -18,7 +18,12 @@ from pathlib import Path
 # name -> (zoo model, batch, amp)
 CONFIGS = {"resnet50-b128-fp32": ("resnet50", 128, None),
            "resnet50-b128-bf16": ("resnet50", 128, "bf16"),
-           "bert-large-b16-bf16": ("bert-large", 16, "bf16")}
+           "bert-large-b16-bf16": ("bert-large", 16, "bf16"),
+           # A second transformer under autocast: its casts, head copies and
+           # mixed-dtype adds (a broadcast fp32 mask on bf16 scores) check the
+           # element rates of kernels.roofline.generic_kernel_us off the step
+           # they were read from.
+           "gpt2-b8-bf16": ("gpt2", 8, "bf16")}
 SMOKE = {"dcgan-b2": ("dcgan", 2, None)}
 STEPS = 3
 
