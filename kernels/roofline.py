@@ -252,9 +252,9 @@ def generic_kernel_us(family, d, gpu, t_stream):
     """A copy or elementwise row's time without its launches, given
     `t_stream`, its time at the bandwidth its bytes get: where PyTorch runs it
     with a non-vectorised kernel (dims[MEM_GENERIC]), never faster than its
-    elements at that kernel's rate per SM clock. Unchanged: every other row, and devices other
-    than NVIDIA GPUs (no compute capability), whose kernels the measurements
-    above do not describe."""
+    elements at that kernel's rate per SM clock. Unchanged: every other row,
+    and devices other than NVIDIA GPUs (no compute capability), whose kernels
+    the measurements above do not describe."""
     if (family != L.COPY and family != L.ELEMENTWISE) or d.shape[0] <= L.MEM_GENERIC:
         return t_stream
     kind = d[L.MEM_GENERIC]

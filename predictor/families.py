@@ -784,13 +784,18 @@ def copy_kernel(src: TensorMeta, dst: TensorMeta) -> int:
     return L.COPY_CAST
 
 
-def _copy_row(src: TensorMeta, dst: TensorMeta, rows: list[Row]) -> list[Row]:
-    """`rows` (one COPY row) with dims[MEM_GENERIC] set from `copy_kernel`."""
-    kernel = copy_kernel(src, dst)
-    if not kernel:
+def _with_kernel(rows: list[Row], kind: int) -> list[Row]:
+    """`rows` (one memory-bound row) with dims[MEM_GENERIC] = `kind`, the
+    non-vectorised kernel PyTorch runs it with (unchanged for 0)."""
+    if not kind:
         return rows
     family, dims, kernels = rows[0]
-    return [(family, tuple(dims[:L.MEM_LAYOUT]) + (0, kernel), kernels)]
+    return [(family, tuple(dims[:L.MEM_LAYOUT]) + (0, kind), kernels)]
+
+
+def _copy_row(src: TensorMeta, dst: TensorMeta, rows: list[Row]) -> list[Row]:
+    """`rows` (one COPY row) with dims[MEM_GENERIC] set from `copy_kernel`."""
+    return _with_kernel(rows, copy_kernel(src, dst))
 
 
 @register(aten._to_copy)
@@ -841,10 +846,8 @@ def elementwise(op: Any, args: tuple, kwargs: dict, out: Any) -> list[Row]:
     name = op.__name__.split(".")[0].rstrip("_")
     fpe = 8 if name in _TRANSCENDENTAL else 1
     rows = generic_memory(L.ELEMENTWISE, args, kwargs, out, flops_per_elem=fpe)
-    if casting_inputs(tensors(args) + tensors(kwargs)) >= 2:
-        family, dims, kernels = rows[0]
-        rows = [(family, tuple(dims[:L.MEM_LAYOUT]) + (0, L.CAST_BINARY), kernels)]
-    return rows
+    casting = casting_inputs(tensors(args) + tensors(kwargs)) >= 2
+    return _with_kernel(rows, L.CAST_BINARY if casting else 0)
 
 
 def casting_inputs(ins: list[TensorMeta]) -> int:
