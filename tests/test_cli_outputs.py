@@ -80,6 +80,24 @@ def test_tokens_per_s_in_every_predict_format(lm_factory, capsys):
     assert "tokens/s" in capsys.readouterr().out
 
 
+def test_breakdown_in_every_predict_format(lm_factory, capsys):
+    # --breakdown is never silently dropped: the table prints it, --json
+    # carries it, --csv (one table) says where it is.
+    assert cli.main(["predict", lm_factory, "--gpus", "T4,L4", "--breakdown", "3",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fastest = min(out["predictions"], key=lambda r: r["iteration_ms"])["gpu"]
+    assert out["breakdown"]["gpu"] == fastest and len(out["breakdown"]["ops"]) == 3
+    ms = [r["ms"] for r in out["breakdown"]["ops"]]
+    assert ms == sorted(ms, reverse=True) and {"family", "shape", "basis"} <= set(
+        out["breakdown"]["ops"][0])
+    assert cli.main(["predict", lm_factory, "--gpus", "T4", "--breakdown", "3", "--csv"]) == 0
+    got = capsys.readouterr()
+    assert "breakdown" not in got.out and "--breakdown" in got.err
+    assert cli.main(["predict", lm_factory, "--gpus", "T4", "--breakdown", "3"]) == 0
+    assert "slowest ops on T4" in capsys.readouterr().out
+
+
 def test_tokens_per_s_in_every_sweep_format(lm_saved, tmp_path, capsys):
     csv = tmp_path / "grid.csv"
     assert cli.main(["sweep", lm_saved, "--gpus", "T4", "-b", "2,4", "--json",

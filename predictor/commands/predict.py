@@ -107,6 +107,15 @@ def run(args: argparse.Namespace) -> int:
 
         lines += [n for n in (extrapolation_note(cal, [graph.batch_size]),
                               transfer_note(cal, graph.ops, gpus)) if n]
+    breakdown = None
+    if args.breakdown:
+        if chosen is None:
+            chosen = next(g for g in gpus if g.id == df["gpu"][0])  # the fastest
+        breakdown = engine.predict(graph, chosen, dtype=args.dtype,
+                                   tf32_matmul=args.tf32 or None, calibration=cal)
+        if args.csv:
+            lines.append("--breakdown: the per-op rows are in the table and in --json "
+                         "(\"breakdown\"), not in --csv")
     if args.json:
         out = {
             "model": graph.name, "batch_size": graph.batch_size, "seq_len": graph.seq_len,
@@ -116,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
             "unsupported_ops": graph.unsupported, "notes": lines,
             "predictions": json_records(df.drop(columns="batch_size")),
         }
+        if breakdown is not None:
+            ops = breakdown.ops.head(args.breakdown).drop(columns=["dims"])
+            out["breakdown"] = {"gpu": breakdown.gpu, "ops": json_records(ops)}
         print(json.dumps(out, indent=2))
         return 0
     precision = precision_text(graph, args.dtype, args.tf32)
@@ -128,12 +140,8 @@ def run(args: argparse.Namespace) -> int:
         print_notes_stderr(lines)
         return 0
     print_table(graph, df, lines, res.max_memory_fraction, precision)
-    if args.breakdown:
-        if chosen is None:
-            chosen = next(g for g in gpus if g.id == df["gpu"][0])  # the fastest
-        pred = engine.predict(graph, chosen, dtype=args.dtype, tf32_matmul=args.tf32 or None,
-                              calibration=cal)
-        print_breakdown(pred, args.breakdown)
+    if breakdown is not None:
+        print_breakdown(breakdown, args.breakdown)
     return 0
 
 
