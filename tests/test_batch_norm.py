@@ -131,3 +131,19 @@ def test_h200_measured_batch_norm_rows_within_a_third():
         sel = df[df.family == family]
         ratio = (sel.predicted_us * sel["count"]).sum() / (sel.measured_us * sel["count"]).sum()
         assert 0.67 < ratio < 1.33, (family, ratio)
+
+
+def test_committed_h200_row_files_belong_to_todays_traces():
+    """`benchmarks.rows_gpu compare` refuses a calibration whose graph has
+    changed: a change to the trace that alters a configuration's rows must
+    come with its measured file re-keyed (or the file removed), not leave
+    the harness failing."""
+    from benchmarks.rows_gpu import CONFIGS, _trace
+    from predictor.calibration.file import load
+
+    files = {name: ROWS / f"{name}.npz" for name in CONFIGS}
+    present = {name: path for name, path in files.items() if path.exists()}
+    if not present:
+        pytest.skip(f"no measured row files in {ROWS}")
+    for name, path in present.items():
+        load(path, _trace(CONFIGS[name]))
