@@ -55,13 +55,16 @@ def graph_fingerprint(graph) -> str:
     ops = graph.ops
     for name in _FINGERPRINT_COLUMNS:
         arr = np.array(getattr(ops, name), dtype=np.int64)
-        if name == "dbase" and arr.ndim == 2 and arr.shape[1] > L.MEM_GENERIC:
-            # Which elementwise kernel PyTorch picks (layout.MEM_GENERIC)
-            # follows from the ops themselves and changes how they are priced,
-            # not what was measured: calibrations made before the column
-            # existed still match.
+        if name in ("dbase", "dslope") and arr.ndim == 2 and arr.shape[1] > L.MEM_GENERIC:
+            # Which elementwise or pooling kernel PyTorch picks
+            # (layout.MEM_GENERIC, and a max pool's window elements) follows
+            # from the ops themselves and changes how they are priced, not
+            # what was measured: calibrations made before the columns existed
+            # still match.
             fam = np.asarray(ops.family)
             arr[(fam == L.COPY) | (fam == L.ELEMENTWISE), L.MEM_GENERIC] = 0
+            pool = (fam == L.POOL) | (fam == L.POOL_BWD)
+            arr[pool, L.MEM_GENERIC:L.MEM_WINDOW_ELEMS + 1] = 0
         arr = np.ascontiguousarray(arr)
         h.update(name.encode())
         h.update(str(arr.shape).encode())

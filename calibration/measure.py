@@ -326,8 +326,30 @@ def _embedding_bwd(c: RowContext) -> Runner:
     return lambda: aten.embedding_dense_backward(g, idx, num_weights, -1, False)
 
 
+def _max_pool_nchw_setup(c: RowContext, requires_grad: bool):
+    """An NCHW max pool (layout.MAX_POOL_NCHW) rebuilt from its row: square
+    planes, the window's side from the window elements per output, the
+    stride from inputs per output, padding that keeps that many outputs
+    (ResNet's 3x3 stride-2 pool with padding 1 comes back as itself)."""
+    read, written, _, channels = _mem(c)
+    if c.family == L.POOL:  # reads x; writes the output and its indices
+        inputs, outputs = read, max(written // 2, 1)
+    else:  # reads grad, x and the indices; writes x's gradient
+        inputs, outputs = written, max((read - written) // 2, 1)
+    k = max(int(round(math.sqrt(int(c.dims[L.MEM_WINDOW_ELEMS]) / outputs))), 1)
+    s = max(int(round(math.sqrt(inputs / outputs))), 1)
+    n = c.batch if c.batch > 0 and inputs % (c.batch * channels) == 0 else 1
+    side = max(int(round(math.sqrt(inputs / (n * channels)))), 1)
+    out_side = max(int(round(math.sqrt(outputs / (n * channels)))), 1)
+    pad = next((p for p in range(0, k // 2 + 1) if (side + 2 * p - k) // s + 1 == out_side), 0)
+    x = c.tensor(n, channels, side, side, dtype=c.float_dtype, requires_grad=requires_grad)
+    return x, lambda t: F.max_pool2d(t, k, s, pad)
+
+
 def _pool_setup(c: RowContext, requires_grad: bool):
     read, written, window, channels = _mem(c)
+    if len(c.dims) > L.MEM_WINDOW_ELEMS and int(c.dims[L.MEM_GENERIC]) == L.MAX_POOL_NCHW:
+        return _max_pool_nchw_setup(c, requires_grad)
     # The row keeps element counts only: pool `channels` square planes by the
     # recorded read/write ratio (global pools when the output is one per plane).
     per_plane = max(read // max(channels, 1), 1)

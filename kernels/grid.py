@@ -38,7 +38,8 @@ from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
 from predictor.kernels.precision import is_layout_transpose, rewrites
-from predictor.kernels.roofline import P_LAUNCH_US, P_LSTM_STEP_US, generic_kernel_us
+from predictor.kernels.roofline import (P_LAUNCH_US, P_LSTM_STEP_US, generic_kernel_us,
+                                       runs_generic_kernel)
 from predictor.kernels.work import dims_at
 
 # Fewest tasks a sweep is split into when the batch sizes alone are too few to
@@ -133,7 +134,7 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
             if floor:
                 e = with_chip(mlp, G_MATMUL, eta_one[g - g0], gpus[g, L.G_CHIP])
                 t = max(t, learned_us(fam, dt, one, gpus[g], params, e))
-            if fam == L.COPY or fam == L.ELEMENTWISE:
+            if runs_generic_kernel(fam):
                 t = generic_kernel_us(fam, d, gpus[g], t)
             t += kern * params[P_LAUNCH_US]
             if fam == L.LSTM or fam == L.LSTM_BWD:

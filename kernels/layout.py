@@ -92,6 +92,15 @@ MEM_GENERIC = 6
 COPY_STRIDED = 1
 COPY_CAST = 2
 CAST_BINARY = 3
+# dims[6] of a POOL / POOL_BWD row: MAX_POOL_NCHW when ATen's NCHW max-pool
+# kernels run it (`max_pool_forward_nchw`, `max_pool_backward_nchw`: one
+# thread per output, or per input, walking the pooling windows; a
+# channels-last input runs the NHWC kernels and is not flagged), and
+# dims[MEM_WINDOW_ELEMS] the window elements they visit (outputs x kernel
+# area, the same count in both directions). Priced by that count, not the
+# bytes (kernels.roofline.generic_kernel_us).
+MAX_POOL_NCHW = 4
+MEM_WINDOW_ELEMS = 7
 
 MAX_DIMS = 12
 

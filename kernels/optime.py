@@ -20,7 +20,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.roofline import (P_LAUNCH_US, P_LSTM_STEP_US, generic_kernel_us,
-                                       per_channel_batch_norm_us)
+                                       per_channel_batch_norm_us, runs_generic_kernel)
 from predictor.kernels.roofline import op_time_us as analytical_time_us
 
 MAX_HIDDEN = 128
@@ -81,7 +81,7 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     if family == L.BATCH_NORM or family == L.BATCH_NORM_BWD:
         launches = kernels * params[P_LAUNCH_US]
         t = per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
-    elif (family == L.COPY or family == L.ELEMENTWISE) and t > 0.0:
+    elif runs_generic_kernel(family) and t > 0.0:
         launches = kernels * params[P_LAUNCH_US]
         t = generic_kernel_us(family, d, gpu, t - launches) + launches
     return t
@@ -118,7 +118,7 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     if family == L.BATCH_NORM or family == L.BATCH_NORM_BWD:
         t = per_channel_batch_norm_us(family, dtype_code, d, gpu, t - params[P_LAUNCH_US]) \
             + params[P_LAUNCH_US]
-    elif (family == L.COPY or family == L.ELEMENTWISE) and t > 0.0:
+    elif runs_generic_kernel(family) and t > 0.0:
         t = generic_kernel_us(family, d, gpu, t - params[P_LAUNCH_US]) + params[P_LAUNCH_US]
     return t
 

@@ -247,19 +247,60 @@ CAST_COPY_ELEMS_PER_SM_CLOCK = 1.24
 CAST_BINARY_ELEMS_PER_SM_CLOCK = 0.93
 
 
+# ATen's NCHW max-pool kernels walk the pooling windows element by element,
+# so their time follows the window elements visited (outputs x kernel area,
+# layout.MEM_WINDOW_ELEMS), not the bytes. From the H200's measured kernels of
+# ResNet-50 training steps at batch 128 (benchmarks/data/h200/profile: one
+# 3x3 stride-2 pool over 128 x 64 x 112 x 112, 231 M window elements; the
+# same in bf16 and fp32, as neither direction is bound by its bytes):
+# - forward, one thread per output (`max_pool_forward_nchw`, 0.418 / 0.406 ms
+#   bf16 / fp32): 2.15 window elements per SM per clock cycle (boost clock),
+#   where the bytes alone would take 0.10-0.15 ms.
+# - backward, one thread per input element checking the saved indices of
+#   every window that covers it (`max_pool_backward_nchw`, 1.140 / 1.152 ms):
+#   23.8 bytes per window element at the board's DRAM bandwidth. Scaled by
+#   the bandwidth and not by the SMs because two other boards agree so:
+#   an A100's 32 x 64 x 112 x 112 pool takes 852 us backward (the PyTorch
+#   column of Oneflow-Inc/oneflow pull 7426; 884 priced this way, 489 by the
+#   H200's rate per SM clock), a Titan V's 3 x 3 stride-3 pools about 2.9 ms
+#   in fp32 and fp16 alike (pytorch/pytorch pull 42182's benchmark, less the
+#   gradient accumulation it also timed; 3.7 this way, 1.1 per SM clock).
+MAX_POOL_FWD_WINDOW_ELEMS_PER_SM_CLOCK = 2.15
+MAX_POOL_BWD_BYTES_PER_WINDOW_ELEM = 23.8
+
+
+@njit(cache=True)
+def runs_generic_kernel(family):
+    """Whether rows of `family` can carry a kernel kind in dims[MEM_GENERIC]
+    (layout.py): copies, elementwise ops and pooling."""
+    return family == L.COPY or family == L.ELEMENTWISE or family == L.POOL \
+        or family == L.POOL_BWD
+
+
 @njit(cache=True)
 def generic_kernel_us(family, d, gpu, t_stream):
-    """A copy or elementwise row's time without its launches, given
+    """A copy, elementwise or pooling row's time without its launches, given
     `t_stream`, its time at the bandwidth its bytes get: where PyTorch runs it
     with a non-vectorised kernel (dims[MEM_GENERIC]), never faster than its
-    elements at that kernel's rate per SM clock. Unchanged: every other row,
-    and devices other than NVIDIA GPUs (no compute capability), whose kernels
-    the measurements above do not describe."""
-    if (family != L.COPY and family != L.ELEMENTWISE) or d.shape[0] <= L.MEM_GENERIC:
+    elements at that kernel's rate per SM clock (a max pool's backward: its
+    window elements' bytes at the DRAM bandwidth). Unchanged: every other
+    row, and devices other than NVIDIA GPUs (no compute capability), whose
+    kernels the measurements above do not describe."""
+    if not runs_generic_kernel(family) or d.shape[0] <= L.MEM_GENERIC:
         return t_stream
     kind = d[L.MEM_GENERIC]
     if kind <= 0.0 or column_or(gpu, L.G_CC_MAJOR, 0.0) <= 0.0:
         return t_stream
+    if family == L.POOL or family == L.POOL_BWD:
+        if kind != L.MAX_POOL_NCHW or d.shape[0] <= L.MEM_WINDOW_ELEMS:
+            return t_stream
+        window = max(d[L.MEM_WINDOW_ELEMS], 1.0)
+        if family == L.POOL:
+            t_walk = window / (MAX_POOL_FWD_WINDOW_ELEMS_PER_SM_CLOCK * gpu[L.G_SMS]
+                               * gpu[L.G_CLOCK_MHZ])
+        else:  # GB/s x 1e3 = bytes per us
+            t_walk = window * MAX_POOL_BWD_BYTES_PER_WINDOW_ELEM / (gpu[L.G_MEM_BW_GBS] * 1e3)
+        return max(t_stream, t_walk)
     rate = CAST_COPY_ELEMS_PER_SM_CLOCK
     if kind == L.COPY_STRIDED:
         rate = STRIDED_COPY_ELEMS_PER_SM_CLOCK

@@ -20,7 +20,7 @@ from predictor.kernels import precision
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows
 from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL, default_params,
-                                       generic_kernel_us)
+                                       generic_kernel_us, runs_generic_kernel)
 from predictor.optable import Graph
 from predictor.results import Prediction, SweepResult
 
@@ -76,13 +76,14 @@ def predicted_basis(ops, gpu=None, params: np.ndarray | None = None) -> np.ndarr
 def _element_bound(ops, batch: int, gpu: np.ndarray, per_op_us: np.ndarray,
                    params: np.ndarray) -> np.ndarray:
     """Rows whose time is their elements at the rate of PyTorch's
-    non-vectorised kernels (kernels.roofline.generic_kernel_us), not the
-    learned model's price of their bytes: their basis is analytical."""
+    non-vectorised kernels or an NCHW max pool's window walk
+    (kernels.roofline.generic_kernel_us), not the learned model's price of
+    their bytes: their basis is analytical."""
     out = np.zeros(len(ops), dtype=bool)
     d = ops.dims(batch)
     if d.shape[1] <= L.MEM_GENERIC:
         return out
-    generic = (ops.family == L.COPY) | (ops.family == L.ELEMENTWISE)
+    generic = np.array([runs_generic_kernel(f) for f in ops.family], dtype=bool)
     for i in np.nonzero(generic & (d[:, L.MEM_GENERIC] > 0))[0]:
         bound = generic_kernel_us(ops.family[i], d[i], gpu, 0.0)
         if bound > 0.0:

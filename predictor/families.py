@@ -597,12 +597,47 @@ def _pool(family: int) -> Extractor:
     return extract
 
 
-register(aten.max_pool2d_with_indices, aten.avg_pool2d, aten._adaptive_avg_pool2d,
+def _window_area(kernel_size) -> int:
+    """A 2-D pooling window's area from its `kernel_size` argument (an int, or
+    one or two ints: ATen repeats a single one)."""
+    ks = [int(k) for k in kernel_size] if isinstance(kernel_size, (list, tuple)) \
+        else [int(kernel_size)]
+    ks = (ks * 2)[:2] if ks else [1, 1]
+    return max(ks[0], 1) * max(ks[1], 1)
+
+
+def _max_pool_nchw(rows: list[Row], x: TensorMeta, out: TensorMeta, kernel_size) -> list[Row]:
+    """`rows` (one POOL / POOL_BWD row) marked as ATen's NCHW max-pool kernels
+    run it (layout.MAX_POOL_NCHW, with the window elements those kernels
+    visit: `out`'s elements times the window's area), unless `x` is stored
+    channels-last, which runs the NHWC kernels."""
+    if x.channels_last and not x.contiguous:
+        return rows
+    family, dims, kernels = rows[0]
+    window = out.numel * _window_area(kernel_size)
+    return [(family, tuple(dims[:L.MEM_LAYOUT]) + (0, L.MAX_POOL_NCHW, window), kernels)]
+
+
+@register(aten.max_pool2d_with_indices)
+def _max_pool2d(x: TensorMeta, kernel_size, *_, out=None, **__) -> list[Row]:
+    rows = _pool(L.POOL)(x, kernel_size, *_, out=out, **__)
+    outs = tensors(out)
+    return _max_pool_nchw(rows, x, outs[0], kernel_size) if outs else rows
+
+
+@register(aten.max_pool2d_with_indices_backward)
+def _max_pool2d_bwd(grad: TensorMeta, x: TensorMeta, kernel_size, *_, out=None,
+                    **__) -> list[Row]:
+    rows = _pool(L.POOL_BWD)(grad, x, kernel_size, *_, out=out, **__)
+    return _max_pool_nchw(rows, x, grad, kernel_size)
+
+
+register(aten.avg_pool2d, aten._adaptive_avg_pool2d,
          aten.max_pool3d_with_indices, aten.avg_pool3d, aten._adaptive_avg_pool3d,
          aten.adaptive_max_pool2d, aten.adaptive_max_pool3d, aten.max_pool1d, aten.avg_pool1d,
          aten.fractional_max_pool2d, aten.fractional_max_pool3d, aten.max_unpool2d,
          aten.max_unpool3d)(_pool(L.POOL))
-register(aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward,
+register(aten.avg_pool2d_backward,
          aten._adaptive_avg_pool2d_backward, aten.max_pool3d_with_indices_backward,
          aten.avg_pool3d_backward, aten._adaptive_avg_pool3d_backward,
          aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward,

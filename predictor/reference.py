@@ -560,16 +560,32 @@ def per_channel_batch_norm_us(family: int, dtype_code: int, d: Sequence[int],
     return max(t_stream, one_pass)  # cuDNN: one kernel
 
 
+# roofline.runs_generic_kernel: families whose rows can name a kernel kind.
+GENERIC_KERNEL_FAMILIES = (L.COPY, L.ELEMENTWISE, L.POOL, L.POOL_BWD)
+
+
 def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
                     t_stream: float) -> float:
     """roofline.generic_kernel_us: a copy PyTorch runs with a non-vectorised
     kernel on an NVIDIA GPU lasts at least its elements at that kernel's rate
-    per SM clock."""
-    generic = family in (L.COPY, L.ELEMENTWISE) and len(d) > L.MEM_GENERIC
+    per SM clock; an NCHW max pool at least its window walk (forward: window
+    elements per SM clock; backward: bytes per window element at the DRAM
+    bandwidth)."""
+    generic = family in GENERIC_KERNEL_FAMILIES and len(d) > L.MEM_GENERIC
     kind = d[L.MEM_GENERIC] if generic else 0
     nvidia = len(gpu) > L.G_CC_MAJOR and gpu[L.G_CC_MAJOR] > 0
     if kind <= 0 or not nvidia:
         return t_stream
+    if family in (L.POOL, L.POOL_BWD):
+        if kind != L.MAX_POOL_NCHW or len(d) <= L.MEM_WINDOW_ELEMS:
+            return t_stream
+        window = max(d[L.MEM_WINDOW_ELEMS], 1)
+        if family == L.POOL:
+            walk = window / (R.MAX_POOL_FWD_WINDOW_ELEMS_PER_SM_CLOCK * gpu[L.G_SMS]
+                             * gpu[L.G_CLOCK_MHZ])
+        else:
+            walk = window * R.MAX_POOL_BWD_BYTES_PER_WINDOW_ELEM / (gpu[L.G_MEM_BW_GBS] * 1e3)
+        return max(t_stream, walk)
     rate = {L.COPY_STRIDED: R.STRIDED_COPY_ELEMS_PER_SM_CLOCK,
             L.CAST_BINARY: R.CAST_BINARY_ELEMS_PER_SM_CLOCK}.get(
                 kind, R.CAST_COPY_ELEMS_PER_SM_CLOCK)
@@ -585,12 +601,13 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
     a convolution's layout transpose (dims[MEM_LAYOUT]) costs nothing where
     the convolution is not on tensor cores; a training NCHW batch norm lasts
     at least its per-channel passes; a copy on PyTorch's non-vectorised
-    kernels at least its elements at their rate."""
+    kernels at least its elements at their rate, an NCHW max pool its
+    window walk."""
     t = _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp)
     launches = kernels * params[R.P_LAUNCH_US]
     if family in (L.BATCH_NORM, L.BATCH_NORM_BWD):
         return per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
-    if family in (L.COPY, L.ELEMENTWISE) and t > 0.0:
+    if family in GENERIC_KERNEL_FAMILIES and t > 0.0:
         return generic_kernel_us(family, d, gpu, t - launches) + launches
     return t
 

@@ -34,7 +34,11 @@ def describe(family: int, d) -> str:
         # cuDNN's layout transpose around an NCHW tensor-core convolution.
         return f"conv NCHW<->NHWC transpose {_si(read)} elems"
     text = f"read {_si(read)} write {_si(written)} elems"
-    if family in (L.COPY, L.ELEMENTWISE) and len(d) > L.MEM_GENERIC and d[L.MEM_GENERIC] > 0:
+    if family in (L.POOL, L.POOL_BWD) and len(d) > L.MEM_WINDOW_ELEMS \
+            and d[L.MEM_GENERIC] == L.MAX_POOL_NCHW:
+        # ATen's NCHW max-pool kernels (kernels.roofline.generic_kernel_us).
+        text += f" (NCHW max pool, {_si(d[L.MEM_WINDOW_ELEMS])} window elems)"
+    elif family in (L.COPY, L.ELEMENTWISE) and len(d) > L.MEM_GENERIC and d[L.MEM_GENERIC] > 0:
         # PyTorch's non-vectorised kernels (kernels.roofline.generic_kernel_us).
         kind = "strided" if d[L.MEM_GENERIC] == L.COPY_STRIDED else "cast"
         text += f" ({kind})"

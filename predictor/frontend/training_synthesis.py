@@ -309,8 +309,14 @@ def _pool_bwd_rule(call: Call, needs: tuple) -> list[Call]:
     packet = getattr(call.op, "overloadpacket", call.op)
     x = call.args[0]
     outs = tensors(call.out)
-    extra = tuple(outs[1:2])  # max pooling reads its saved indices
-    return [Call(_POOL_BWD[packet], (outs[0], x, *extra), out=_t(x.shape, x))]
+    if packet in (aten.max_pool2d_with_indices, aten.max_pool3d_with_indices):
+        # ATen's argument order: the window (kernel, stride, padding,
+        # dilation, ceil_mode; defaults where the forward left them out),
+        # then the saved indices, which the backward reads.
+        window = tuple(call.args[1:6]) + ([], 0, 1, False)[max(len(call.args) - 2, 0):]
+        return [Call(_POOL_BWD[packet], (outs[0], x, *window, *outs[1:2]),
+                     out=_t(x.shape, x))]
+    return [Call(_POOL_BWD[packet], (outs[0], x), out=_t(x.shape, x))]
 
 
 @backward_rule(aten.native_dropout)
