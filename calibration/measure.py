@@ -228,19 +228,30 @@ def _mem(c: RowContext) -> tuple[int, int, int, int]:
             max(int(d[L.MEM_OUTER]), 1))
 
 
+def _half_to_float(c: RowContext, read: int, written: int, n: int) -> bool:
+    """Whether a 16-bit softmax row is fp16 autocast's half_to_float kernel:
+    it writes (forward) or reads (backward) fp32, twice its elements in the
+    row's units (families._softmax). CUDA only: the CPU has no such kernel."""
+    wide = written if c.family == L.SOFTMAX else read // 2
+    return c.device.type == "cuda" and c.float_dtype.itemsize == 2 and wide >= 2 * n
+
+
 @builder(L.SOFTMAX)
 def _softmax(c: RowContext) -> Runner:
-    _, _, inner, outer = _mem(c)
+    read, written, inner, outer = _mem(c)
     x = c.tensor(outer, inner, dtype=c.float_dtype)
-    fn = torch.log_softmax if "log" in c.op_name else torch.softmax
-    return lambda: fn(x, -1)
+    op = aten._log_softmax if "log" in c.op_name else aten._softmax
+    half_to_float = _half_to_float(c, read, written, inner * outer)
+    return lambda: op(x, -1, half_to_float)
 
 
 @builder(L.SOFTMAX_BWD)
 def _softmax_bwd(c: RowContext) -> Runner:
-    _, _, inner, outer = _mem(c)
+    read, written, inner, outer = _mem(c)
     dt = c.float_dtype
-    g, y = c.tensor(outer, inner, dtype=dt), torch.softmax(c.tensor(outer, inner, dtype=dt), -1)
+    # After a half_to_float forward the gradient and output are fp32.
+    wide = torch.float32 if _half_to_float(c, read, written, inner * outer) else dt
+    g, y = c.tensor(outer, inner, dtype=wide), torch.softmax(c.tensor(outer, inner, dtype=wide), -1)
     op = aten._log_softmax_backward_data if "log" in c.op_name else aten._softmax_backward_data
     return lambda: op(g, y, -1, dt)
 

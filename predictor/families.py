@@ -441,10 +441,20 @@ def _cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, output, grad_ou
 
 # ------------------------------------------------------ normalisation, softmax --
 
+def _widths(ins: list[TensorMeta], outs: list[TensorMeta]) -> tuple[int, int]:
+    """(read, written) of a row whose tensors may differ in width, in
+    elements of its dtype (`elems_in`)."""
+    unit = narrowest_float(ins + outs)
+    return sum(elems_in(t, unit) for t in ins), sum(elems_in(t, unit) for t in outs)
+
+
 @register(aten._softmax, aten._log_softmax)
 def _softmax(x: TensorMeta, dim: int, *_, out=None, **__) -> list[Row]:
+    # Under fp16 autocast softmax runs with half_to_float: it reads fp16 and
+    # writes fp32, twice the bytes of its input (the row counts fp16 units).
     inner = x.shape[dim] if x.shape else 1
-    return [memory_row(L.SOFTMAX, x.numel, x.numel, 5 * x.numel, inner, x.numel // max(inner, 1))]
+    read, written = _widths([x], tensors(out) or [x])
+    return [memory_row(L.SOFTMAX, read, written, 5 * x.numel, inner, x.numel // max(inner, 1))]
 
 
 @register(aten._safe_softmax)
@@ -464,8 +474,11 @@ def _safe_softmax(x: TensorMeta, dim: int, *_, out=None, **__) -> list[Row]:
 
 @register(aten._softmax_backward_data, aten._log_softmax_backward_data)
 def _softmax_bwd(grad: TensorMeta, y: TensorMeta, dim: int, *_, out=None, **__) -> list[Row]:
+    # After a half_to_float softmax the gradient and output read are fp32 and
+    # the input's gradient written is fp16.
     inner = y.shape[dim] if y.shape else 1
-    return [memory_row(L.SOFTMAX_BWD, 2 * y.numel, y.numel, 3 * y.numel, inner,
+    read, written = _widths([grad, y], tensors(out) or [y])
+    return [memory_row(L.SOFTMAX_BWD, read, written, 3 * y.numel, inner,
                        y.numel // max(inner, 1))]
 
 

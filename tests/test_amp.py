@@ -231,6 +231,40 @@ def test_rows_mixing_float_widths_count_their_bytes():
     assert (dims[0], dims[1]) == (8 * n + 8, 8 * n)
 
 
+def test_fp16_softmax_writes_fp32_and_its_backward_reads_it():
+    """Under fp16 autocast softmax runs as one half_to_float kernel: fp16 in,
+    fp32 out (12 MB written for 8 x 4096 x 96 elements, not 6); its backward
+    reads the fp32 gradient and output and writes an fp16 gradient."""
+    from predictor.families import TensorMeta, extract
+
+    aten = torch.ops.aten
+    shape = (8, 4096, 96)
+    n = 8 * 4096 * 96
+    f32, f16 = TensorMeta(shape, torch.float32), TensorMeta(shape, torch.float16)
+    (fam, dims, _), = extract(aten._softmax.default, (f16, -1, True), {}, f32)[0]
+    assert fam == L.SOFTMAX and (dims[0], dims[1]) == (n, 2 * n)  # fp16 units
+    (fam, dims, _), = extract(aten._softmax_backward_data.default,
+                              (f32, f32, -1, torch.float16), {}, f16)[0]
+    assert fam == L.SOFTMAX_BWD and (dims[0], dims[1]) == (4 * n, n)
+    # One width: as before.
+    (_, dims, _), = extract(aten._softmax.default, (f32, -1, False), {}, f32)[0]
+    assert (dims[0], dims[1]) == (n, n)
+    # Traced: the head's log_softmax on the fp16 Linear output.
+    g = _trace("fp16")
+    d = g.ops.dims(8)[g.ops.family == L.SOFTMAX]
+    assert len(d) and (d[:, L.MEM_WRITTEN] == 2 * d[:, L.MEM_READ]).all()
+    # Calibration on a CUDA GPU times the half_to_float kernel for such rows.
+    from calibration.measure import RowContext, _half_to_float
+
+    for fam, dims, dt, wide in ((L.SOFTMAX, (n, 2 * n, 0, 96, n // 96), torch.float16, True),
+                                (L.SOFTMAX_BWD, (4 * n, n, 0, 96, n // 96), torch.float16, True),
+                                (L.SOFTMAX, (n, n, 0, 96, n // 96), torch.float16, False),
+                                (L.SOFTMAX, (n, n, 0, 96, n // 96), torch.float32, False)):
+        for device, expect in (("cuda", wide), ("cpu", False)):
+            ctx = RowContext(fam, dt, 1, dims, "_softmax", 1, torch.device(device))
+            assert _half_to_float(ctx, dims[0], dims[1], n) == expect
+
+
 def test_which_rows_use_tensor_cores():
     p = default_params()
     for gpu, dtype, expect in (("V100-SXM2-32GB", L.F16, precision.TENSOR_CORE),
