@@ -1,0 +1,54 @@
+"""The timm benchmark table of benchmarks/timm_published.py: well-formed rows,
+models that are timm's (by parameter count, which timm's files list), and one
+row priced end to end."""
+
+import math
+
+import pytest
+
+import predictor
+from benchmarks import timm_published as tp
+
+# timm's files give param_count in millions, two decimals.
+TIMM_PARAMS_M = {"resnet50": 25.56, "resnet101": 44.55, "resnet152": 60.19,
+                 "inception_v3": 23.83}
+
+
+def test_every_row_names_a_known_gpu_a_mode_a_format_and_a_source():
+    known = set(predictor.gpus()["id"])
+    keys = set()
+    for mode, model, gpu, fmt, batch, published, source in tp.PUBLISHED:
+        assert gpu in known, gpu
+        assert mode in ("train", "inference") and fmt in ("nchw", "nhwc")
+        assert model in TIMM_PARAMS_M
+        assert isinstance(batch, int) and batch > 0
+        assert math.isfinite(published) and published > 0
+        assert source.startswith("https://github.com/huggingface/pytorch-image-models/blob/")
+        assert f"-{'train' if mode == 'train' else 'infer'}-amp-{fmt}-" in source
+        assert (mode, model, gpu, fmt) not in keys
+        keys.add((mode, model, gpu, fmt))
+
+
+@pytest.mark.parametrize("model", sorted(TIMM_PARAMS_M))
+def test_the_traced_models_are_timms(model):
+    from predictor.zoo import vision
+
+    if model in tp.RESNET_BLOCKS:
+        module = vision.ResNet(tp.RESNET_BLOCKS[model])
+    else:
+        module = vision.Inception3(aux_logits=False)
+    params = sum(p.numel() for p in module.parameters()) / 1e6
+    assert params == pytest.approx(TIMM_PARAMS_M[model], abs=0.005)
+
+
+def test_a_row_is_priced_and_the_format_ratio_reads_both_rows():
+    rows = tp.run([r for r in tp.PUBLISHED if r[1] == "resnet50" and r[0] == "train"])
+    assert len(rows) == 2
+    for r in rows:
+        assert math.isfinite(r["predicted"]) and r["predicted"] > 0
+        assert r["error_pct"] == pytest.approx(
+            100 * (r["predicted"] - r["published"]) / r["published"])
+    (ratio,) = tp.format_ratios(rows)
+    assert ratio["published"] == pytest.approx(1218.01 / 826.06)
+    # Channels-last skips cuDNN's layout transposes: predicted faster too.
+    assert ratio["predicted"] > 1.0
