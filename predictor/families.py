@@ -285,7 +285,9 @@ def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list
     API, "Data and Filter Formats"), and it is why PyTorch's channels-last
     tutorial (pytorch.org/tutorials/intermediate/memory_format_tutorial.html)
     recommends channels_last for mixed-precision training of convolutional
-    networks. A conv is channels-last, as PyTorch decides
+    networks. Not around the forward and data gradient of a 1x1 stride-1
+    convolution, which cuDNN runs as GEMMs on NCHW (`_gemm_on_nchw`). A conv
+    is channels-last, as PyTorch decides
     (cudnn_conv_suggest_memory_format), when its input or its filter is.
 
     Each transpose is a COPY row of the tensor's elements, priced by the
@@ -311,6 +313,31 @@ def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list
     return rows
 
 
+def _gemm_on_nchw(w: TensorMeta, stride, padding, groups) -> bool:
+    """Whether cuDNN runs this convolution's forward and data gradient as
+    GEMMs on the NCHW tensors themselves, with no layout transposes: a 1x1
+    convolution of stride 1 without padding is, image by image, the GEMM
+    W[K, C] @ X[C, H*W] (its data gradient W^T @ dY), which needs no NHWC
+    copy. Its weight gradient sums over the images and keeps the transposes.
+    The H200's profile of a ResNet-50 bf16 step in NCHW (torch 2.11, cuDNN 9;
+    benchmarks/data/h200/profile) ran 68 of its convolution calls as such
+    GEMMs (`nvjet_sm90_*`, `cutlass_80_tensorop_bf16_s16816gemm_*`) and 226
+    transposes; this rule leaves 66 calls and 234 transposes of the trace's
+    366. cuDNN 8.3 and older transposed around these too (timm's RTX 3090
+    runs of 2022: benchmarks/README.md, "timm's published throughput")."""
+    def ones(v, n):
+        v = list(v) if isinstance(v, (list, tuple)) else [v] * n
+        return all(int(x) == 1 for x in v)
+
+    def zeros(v, n):
+        v = list(v) if isinstance(v, (list, tuple)) else [v] * n
+        return all(int(x) == 0 for x in v)
+
+    n = max(len(w.shape) - 2, 1)
+    return groups == 1 and all(k == 1 for k in w.shape[2:]) and ones(stride, n) \
+        and zeros(padding, n)
+
+
 @register(aten.convolution, aten._convolution)
 def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, transposed,
                  output_padding, groups, *_, out=None, **__) -> list[Row]:
@@ -321,7 +348,10 @@ def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, 
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
         return [(L.CONV_DGRAD, _conv_dims(y, w_eq, x, groups, stride), 1)] \
             + _layout_transposes(x, w, x, w, y)
-    return [(L.CONV, _conv_dims(x, w, y, groups, stride), 1)] + _layout_transposes(x, w, x, w, y)
+    rows = [(L.CONV, _conv_dims(x, w, y, groups, stride), 1)]
+    if not _gemm_on_nchw(w, stride, padding, groups):
+        rows += _layout_transposes(x, w, x, w, y)
+    return rows
 
 
 @register(aten.convolution_backward)
@@ -340,7 +370,8 @@ def _convolution_backward(grad_out: TensorMeta, x: TensorMeta, w: TensorMeta, bi
         dims = _conv_dims(x, w, grad_out, groups, stride)
         if output_mask[0]:
             rows.append((L.CONV_DGRAD, dims, 1))
-            rows += _layout_transposes(x, w, grad_out, w, x)
+            if not _gemm_on_nchw(w, stride, padding, groups):
+                rows += _layout_transposes(x, w, grad_out, w, x)
     if output_mask[1]:
         rows.append((L.CONV_WGRAD, dims, 1))
         rows += _layout_transposes(x, w, grad_out, x, w)

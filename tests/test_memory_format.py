@@ -80,6 +80,58 @@ def test_nchw_amp_conv_has_the_transposes(nchw):
     assert {BATCH * 16 * 32 * 32, BATCH * 32 * 32 * 32, 32 * 16 * 9, 32 * 32 * 9} == sizes
 
 
+class Pointwise(torch.nn.Module):
+    """A 3x3 convolution, then a 1x1 of stride 1 and a 1x1 of stride 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(16, 32, 3, padding=1, bias=False)
+        self.pw = torch.nn.Conv2d(32, 64, 1, bias=False)
+        self.down = torch.nn.Conv2d(64, 64, 1, stride=2, bias=False)
+
+    def forward(self, x):
+        return self.down(self.pw(self.c1(x))).float().mean((2, 3))
+
+
+def test_pointwise_stride_one_convolutions_run_as_gemms_on_nchw(tmp_path):
+    # A 1x1 filter has the same bytes in both formats and is never moved.
+    # Forward: c1's input, filter and output, down's input and output (5);
+    # pw none (it would move 2). Backward: down's dgrad (grad_out, grad_in;
+    # pw's none, c1 has no input gradient) and the three wgrads (c1 3, pw 2,
+    # down 2): 9 (pw's dgrad would move 2 more).
+    g = _trace(model=Pointwise())
+    assert _per_phase(g) == {"forward": 5, "backward": 9, "optimizer": 0}
+    # The same from an ONNX export, its backward synthesised.
+    pytest.importorskip("onnx")
+    import warnings
+
+    path = tmp_path / "pointwise.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Pointwise(), (torch.zeros(BATCH, 16, 32, 32),), str(path),
+                          dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "b"}})
+    assert _per_phase(predictor.trace(str(path), batch_size=BATCH, amp="fp16")) \
+        == {"forward": 5, "backward": 9, "optimizer": 0}
+
+
+def test_the_h200_profile_counts_resnet50s_transposes():
+    """The H200's ResNet-50 bf16 step in NCHW (batch 128) ran 158 nchwToNhwc
+    and 68 nhwcToNchw kernels; the trace gives its 1x1 stride-1 forward and
+    data-gradient convolutions none."""
+    import pandas as pd
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h200" / \
+        "profile" / "resnet50-b128-bf16.csv"
+    prof = pd.read_csv(path)
+    real = prof.calls[prof.kernel.str.contains("nchwToNhwc|nhwcToNchw")].sum()
+    assert real == 158 + 68
+    g = predictor.trace("resnet50", batch_size=128, amp="bf16", optimizer="adam")
+    traced = int(g.ops.count[_transposes(g)].sum())
+    assert traced == pytest.approx(real, rel=0.05)
+
+
 def test_channels_last_has_none(nhwc):
     assert not _transposes(nhwc).any()
     # The same from the tensors' own strides, no option given.
