@@ -261,7 +261,7 @@ CAST_BINARY_ELEMS_PER_SM_CLOCK = 0.93
 #   23.8 bytes per window element at the board's DRAM bandwidth. Scaled by
 #   the bandwidth and not by the SMs because two other boards agree so:
 #   an A100's 32 x 64 x 112 x 112 pool takes 852 us backward (the PyTorch
-#   column of Oneflow-Inc/oneflow pull 7426; 884 priced this way, 489 by the
+#   column of Oneflow-Inc/oneflow pull 7426; 884 priced this way, 492 by the
 #   H200's rate per SM clock), a Titan V's 3 x 3 stride-3 pools about 2.9 ms
 #   in fp32 and fp16 alike (pytorch/pytorch pull 42182's benchmark, less the
 #   gradient accumulation it also timed; 3.7 this way, 1.1 per SM clock).
