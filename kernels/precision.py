@@ -279,6 +279,36 @@ def sliced_us(tiles, sms, k, step, per_k, partial, s):
 
 
 @njit(cache=True)
+def tf32_operand_copies_us(family, dtype_code, d, gpu, params):
+    """The layout copies a TF32 GEMM pays for operands that are not K-major.
+
+    The tensor cores' TF32 instructions read both operands K-major only
+    (PTX ISA: `mma` with .tf32 takes A row-major and B column-major, and
+    `ldmatrix`, which can transpose a tile on its way to the registers, moves
+    16-bit elements only; Hopper's `wgmma` transposes in shared memory for
+    .f16/.bf16 only), so a TF32 GEMM whose A is a transposed view (a weight
+    gradient dY^T @ X, layout.GEMM_A_T) or whose B is row-major (x @ W,
+    torch.bmm, layout GEMM_B_T unset) first copies that operand into K-major
+    order: a read and a write of it in fp32 at the DRAM bandwidth, each.
+    16-bit GEMMs transpose on the way and pay nothing. On the H200 (BERT-large
+    b16 with TF32 matmuls, each row timed alone: benchmarks/data/h200/rows)
+    the weight gradients, both operands not K-major, ran at 0.53-0.68 of the
+    price without these copies and 0.95-1.05 with them."""
+    if family != L.MATMUL or dtype_code != L.F32:
+        return 0.0
+    bt, m, n, k = gemm_shape(family, d)
+    if bt <= 0 or m <= 0 or n <= 0 or k <= 0 or d.shape[0] <= L.GEMM_LAYOUT:
+        return 0.0
+    layout = int(d[L.GEMM_LAYOUT])
+    nbytes = 0.0
+    if layout & L.GEMM_A_T:
+        nbytes += 2.0 * bt * m * k * 4.0
+    if not layout & L.GEMM_B_T:
+        nbytes += 2.0 * bt * k * n * 4.0
+    return nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[P_ETA_M + L.COPY]) * 1e6
+
+
+@njit(cache=True)
 def tensor_core_us(family, dtype_code, kernels, d, gpu, params):
     """Time of one execution of a tensor-core row (us)."""
     peak = tensor_core_peak(family, dtype_code, gpu, params)
@@ -305,4 +335,4 @@ def tensor_core_us(family, dtype_code, kernels, d, gpu, params):
                     split_k(tiles, sms, k, step, per_k, partial))
     width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
     t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[P_ETA_M + family]) * 1e6
-    return max(t_c, t_m) + launch
+    return max(t_c, t_m) + tf32_operand_copies_us(family, dtype_code, d, gpu, params) + launch

@@ -535,7 +535,22 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
     t_c = slices_time(split)
     width = 4.0 if dtype_code == L.F32 else row_elem_bytes(dtype_code)
     t_m = elems * width / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family]) * 1e6
-    return max(t_c, t_m) + launch
+    return max(t_c, t_m) + tf32_operand_copies_us(family, dtype_code, d, gpu, params) + launch
+
+
+def tf32_operand_copies_us(family: int, dtype_code: int, d, gpu, params) -> float:
+    """precision.tf32_operand_copies_us: a TF32 GEMM copies each operand that
+    is not K-major (A a transposed view, B row-major) into K-major order, a
+    read and a write of it at the DRAM bandwidth."""
+    if family != L.MATMUL or dtype_code != L.F32 or len(d) <= L.GEMM_LAYOUT:
+        return 0.0
+    bt, m, n, k = gemm_shape(family, d)
+    if min(bt, m, n, k) <= 0:
+        return 0.0
+    layout = int(d[L.GEMM_LAYOUT])
+    nbytes = (2.0 * bt * m * k * 4.0 if layout & L.GEMM_A_T else 0.0) \
+        + (0.0 if layout & L.GEMM_B_T else 2.0 * bt * k * n * 4.0)
+    return nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + L.COPY]) * 1e6
 
 
 def per_channel_batch_norm_us(family: int, dtype_code: int, d: Sequence[int],

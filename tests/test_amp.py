@@ -604,3 +604,55 @@ def test_inference_peak_holds_autocasts_cached_weight_copies(amp):
         assert peak == measured(b)
         # fp32 weights and every 16-bit copy at once: above the fp32 step's peak.
         assert peak > int(f32.memory.peak([b], rounding=False, workspaces=False)[0][0])
+
+
+def test_tf32_gemms_copy_operands_that_are_not_k_major():
+    """TF32 tensor-core instructions read both operands K-major only: a
+    weight gradient (A a transposed view) or an `x @ W` (B row-major) first
+    copies that operand, a read and a write of it at the DRAM bandwidth.
+    16-bit GEMMs transpose on the way and pay nothing."""
+    from predictor import hardware, opmodel, reference
+    from predictor.kernels.optime import op_time_us
+    from predictor.kernels.roofline import P_ETA_M
+
+    f = hardware.get("H200-SXM-141GB").features
+    p, mlp = default_params(), opmodel.weights()
+    p[precision.P_TF32_MATMUL] = 1.0
+    m, n, k = 1024, 1024, 8192
+
+    def t(layout, dtype=L.F32):
+        d = np.zeros(L.MAX_DIMS)
+        d[:5] = (1, m, n, k, layout)
+        return op_time_us(L.MATMUL, dtype, 1, d, f, p, mlp), d
+
+    copy = 2 * 4 * m * k / (f[L.G_MEM_BW_GBS] * 1e9 * p[P_ETA_M + L.COPY]) * 1e6
+    k_major, _ = t(L.GEMM_B_T)
+    assert t(L.GEMM_A_T | L.GEMM_B_T)[0] == pytest.approx(k_major + copy)  # A copied
+    assert t(0)[0] == pytest.approx(k_major + copy)                         # B copied
+    both, d = t(L.GEMM_A_T)
+    assert both == pytest.approx(k_major + 2 * copy)
+    assert reference.op_time_us(L.MATMUL, L.F32, 1, [int(v) for v in d], list(f), p, mlp) \
+        == pytest.approx(both, rel=1e-9)
+    assert t(L.GEMM_A_T, L.BF16)[0] == pytest.approx(t(L.GEMM_B_T, L.BF16)[0])
+
+
+def test_h200_tf32_weight_gradients_priced_with_their_copies():
+    """BERT-large b16 with TF32 matmuls on the H200, each row timed alone
+    (benchmarks/data/h200/rows): the weight-gradient GEMMs, neither operand
+    K-major, ran at 0.53-0.68 of their price without the copies. (The
+    vocabulary head's, 30522 rows, misses alignment as well: not here.)"""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h200" / "rows" / \
+        "bert-large-b16-tf32.npz"
+    if not path.exists():
+        pytest.skip(f"{path} is not in this checkout")
+    from benchmarks.rows_gpu import CONFIGS, rows
+
+    _, df = rows("bert-large-b16-tf32", CONFIGS["bert-large-b16-tf32"], path)
+    sel = df[(df.family == "matmul") & df.dims.str.match(r"^1 \d+ \d+ \d+ 1$")
+             & (df.measured_us > 50)]
+    sel = sel[sel.dims.map(lambda s: all(int(v) % 128 == 0 for v in s.split()[1:4]))]
+    assert len(sel) >= 3
+    ratio = sel.predicted_us / sel.measured_us
+    assert ((ratio > 0.85) & (ratio < 1.15)).all(), ratio.tolist()
