@@ -539,13 +539,13 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
 
 
 def tf32_operand_copies_us(family: int, dtype_code: int, d, gpu, params) -> float:
-    """precision.tf32_operand_copies_us: a TF32 GEMM copies each operand that
-    is not K-major (A a transposed view, B row-major) into K-major order, a
-    read and a write of it at the DRAM bandwidth."""
+    """precision.tf32_operand_copies_us: an unbatched TF32 GEMM copies each
+    operand that is not K-major (A a transposed view, B row-major) into
+    K-major order, a read and a write of it at the DRAM bandwidth."""
     if family != L.MATMUL or dtype_code != L.F32 or len(d) <= L.GEMM_LAYOUT:
         return 0.0
     bt, m, n, k = gemm_shape(family, d)
-    if min(bt, m, n, k) <= 0:
+    if bt != 1 or min(m, n, k) <= 0:  # batched GEMMs pay no copies
         return 0.0
     layout = int(d[L.GEMM_LAYOUT])
     nbytes = (2.0 * bt * m * k * 4.0 if layout & L.GEMM_A_T else 0.0) \

@@ -656,3 +656,20 @@ def test_h200_tf32_weight_gradients_priced_with_their_copies():
     assert len(sel) >= 3
     ratio = sel.predicted_us / sel.measured_us
     assert ((ratio > 0.85) & (ratio < 1.15)).all(), ratio.tolist()
+
+
+def test_batched_tf32_gemms_pay_no_operand_copies():
+    # The H200's attention GEMMs (256 x 512 x 512 x 64) took 90-101 us in
+    # every layout, TF32 on.
+    from predictor import hardware, opmodel
+    from predictor.kernels.optime import op_time_us
+
+    f = hardware.get("H200-SXM-141GB").features
+    p, mlp = default_params(), opmodel.weights()
+    p[precision.P_TF32_MATMUL] = 1.0
+    times = set()
+    for layout in (0, L.GEMM_A_T, L.GEMM_B_T):
+        d = np.zeros(L.MAX_DIMS)
+        d[:5] = (256, 512, 512, 64, layout)
+        times.add(round(op_time_us(L.MATMUL, L.F32, 1, d, f, p, mlp), 6))
+    assert len(times) == 1
