@@ -79,7 +79,8 @@ def add_step_arguments(p: argparse.ArgumentParser, inference_help: str) -> None:
                    help="train with the model and inputs in this memory format "
                         "(channels_last = NHWC, contiguous = NCHW; nhwc/nchw accepted); "
                         "default: as the model's tensors are (NCHW for zoo models). Half-precision "
-                        "convolutions in NCHW pay cuDNN's layout transposes")
+                        "convolutions in NCHW pay cuDNN's layout transposes (not the forward "
+                        "and data gradient of 1x1 stride-1 ones, which cuDNN runs as GEMMs)")
 
 
 def memory_format_arg(text: str) -> str:
