@@ -13,7 +13,9 @@ out of it.
 - ``unseen``: the second's (each GPU's labels predicted by op models trained
   without it);
 - ``tensor cores``: the AMP and TF32 rows of ``benchmarks.amp_published``
-  (published ResNet-50 and BERT-large training throughput), computed here.
+  (published ResNet-50 and BERT-large training throughput) and the rows of
+  ``benchmarks.timm_published`` (timm's AMP training and inference of
+  ResNets and Inception v3, NCHW and channels-last), computed here.
 
 The held-out check: for each GPU, the band from every *other* GPU's labels,
 and the share of its own labels inside it. A band that holds about 90 % of
@@ -72,12 +74,12 @@ def from_published() -> tuple[list[str], np.ndarray]:
     """The published rows whose GEMMs the predictor runs on tensor cores
     (AMP, or TF32 where the GPU has TF32 tensor cores), as a prediction's
     standing is decided."""
-    from benchmarks import amp_published
+    from benchmarks import amp_published, timm_published
     from predictor import engine, hardware
     from predictor.kernels import layout as L
 
     rows = []
-    for r in amp_published.run():
+    for r in amp_published.run() + [dict(r, precision="amp") for r in timm_published.run()]:
         if r["precision"] not in ("amp", "tf32"):
             continue
         tf32 = r["precision"] == "tf32"
@@ -132,9 +134,11 @@ def main(argv=None) -> int:
                                        "trained without it (benchmarks.e2e --logo)"),
         }
     standings["tensor cores"] = standing_figures(*from_published(),
-                                                 "published AMP and TF32 training throughput, "
-                                                 "ResNet-50 and BERT-large "
-                                                 "(benchmarks.amp_published)")
+                                                 "published AMP and TF32 throughput: "
+                                                 "ResNet-50 and BERT-large training "
+                                                 "(benchmarks.amp_published), ResNets and "
+                                                 "Inception v3 training and inference "
+                                                 "(benchmarks.timm_published)")
     print("| standing | labels | GPUs | mean abs error | 90th percentile | held-out GPU's "
           "labels within the others' band |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -16,8 +16,9 @@ standing showed against measured iterations:
   and clock); the same iterations, each GPU's predicted by op models trained
   without it (leave-one-GPU-out).
 - ``tensor cores``: half precision (``amp=``, ``dtype=float16|bfloat16``) or
-  TF32 matmuls; published training throughput of ResNet-50 and BERT-large on
-  eleven GPUs (the data holds no measured half-precision kernel).
+  TF32 matmuls; published throughput of ResNet-50 and BERT-large training
+  (NVIDIA, Lambda) and of ResNets and Inception v3 training and inference
+  (timm) on ten GPUs (the data holds no measured half-precision kernel).
 - ``emulated``: half precision on a GPU without tensor cores for it (bf16
   on a V100 or T4, fp16 on a P100 or P4); nothing of the kind was measured:
   no figure. TF32 asked of a GPU without TF32 tensor cores runs plain fp32
