@@ -269,12 +269,15 @@ MAX_POOL_FWD_WINDOW_ELEMS_PER_SM_CLOCK = 2.15
 MAX_POOL_BWD_BYTES_PER_WINDOW_ELEM = 23.8
 
 
+# The families whose rows can carry a kernel kind in dims[MEM_GENERIC]
+# (layout.py): copies, elementwise ops and pooling.
+GENERIC_KERNEL_FAMILIES = (L.COPY, L.ELEMENTWISE, L.POOL, L.POOL_BWD)
+
+
 @njit(cache=True)
 def runs_generic_kernel(family):
-    """Whether rows of `family` can carry a kernel kind in dims[MEM_GENERIC]
-    (layout.py): copies, elementwise ops and pooling."""
-    return family == L.COPY or family == L.ELEMENTWISE or family == L.POOL \
-        or family == L.POOL_BWD
+    """Whether rows of `family` can carry a kernel kind (GENERIC_KERNEL_FAMILIES)."""
+    return family in GENERIC_KERNEL_FAMILIES
 
 
 @njit(cache=True)

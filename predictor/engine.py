@@ -19,8 +19,8 @@ from predictor.kernels import layout as L
 from predictor.kernels import precision
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows
-from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL, default_params,
-                                       generic_kernel_us, runs_generic_kernel)
+from predictor.kernels.roofline import (GENERIC_KERNEL_FAMILIES, P_LAUNCH_US, P_TF32_CONV,
+                                       P_TF32_MATMUL, default_params, generic_kernel_us)
 from predictor.optable import Graph
 from predictor.results import Prediction, SweepResult
 
@@ -83,7 +83,7 @@ def _element_bound(ops, batch: int, gpu: np.ndarray, per_op_us: np.ndarray,
     d = ops.dims(batch)
     if d.shape[1] <= L.MEM_GENERIC:
         return out
-    generic = np.array([runs_generic_kernel(f) for f in ops.family], dtype=bool)
+    generic = np.isin(ops.family, GENERIC_KERNEL_FAMILIES)
     for i in np.nonzero(generic & (d[:, L.MEM_GENERIC] > 0))[0]:
         bound = generic_kernel_us(ops.family[i], d[i], gpu, 0.0)
         if bound > 0.0:

@@ -313,6 +313,13 @@ def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list
     return rows
 
 
+def _per_dim(v, n: int) -> list[int]:
+    """An int-list argument of ATen (stride, padding, kernel_size) as its
+    values, a single value repeated for each of `n` dims as ATen expands it."""
+    vals = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)]
+    return vals * n if len(vals) == 1 else vals
+
+
 def _gemm_on_nchw(w: TensorMeta, stride, padding, groups) -> bool:
     """Whether cuDNN runs this convolution's forward and data gradient as
     GEMMs on the NCHW tensors themselves, with no layout transposes: a 1x1
@@ -325,17 +332,9 @@ def _gemm_on_nchw(w: TensorMeta, stride, padding, groups) -> bool:
     transposes; this rule leaves 66 calls and 234 transposes of the trace's
     366. cuDNN 8.3 and older transposed around these too (timm's RTX 3090
     runs of 2022: benchmarks/README.md, "timm's published throughput")."""
-    def ones(v, n):
-        v = list(v) if isinstance(v, (list, tuple)) else [v] * n
-        return all(int(x) == 1 for x in v)
-
-    def zeros(v, n):
-        v = list(v) if isinstance(v, (list, tuple)) else [v] * n
-        return all(int(x) == 0 for x in v)
-
     n = max(len(w.shape) - 2, 1)
-    return groups == 1 and all(k == 1 for k in w.shape[2:]) and ones(stride, n) \
-        and zeros(padding, n)
+    return groups == 1 and all(k == 1 for k in w.shape[2:]) \
+        and all(s == 1 for s in _per_dim(stride, n)) and not any(_per_dim(padding, n))
 
 
 @register(aten.convolution, aten._convolution)
@@ -641,12 +640,13 @@ def _pool(family: int) -> Extractor:
     return extract
 
 
+_pool_rows, _pool_bwd_rows = _pool(L.POOL), _pool(L.POOL_BWD)
+
+
 def _window_area(kernel_size) -> int:
     """A 2-D pooling window's area from its `kernel_size` argument (an int, or
     one or two ints: ATen repeats a single one)."""
-    ks = [int(k) for k in kernel_size] if isinstance(kernel_size, (list, tuple)) \
-        else [int(kernel_size)]
-    ks = (ks * 2)[:2] if ks else [1, 1]
+    ks = _per_dim(kernel_size, 2)[:2] or [1, 1]
     return max(ks[0], 1) * max(ks[1], 1)
 
 
@@ -664,7 +664,7 @@ def _max_pool_nchw(rows: list[Row], x: TensorMeta, out: TensorMeta, kernel_size)
 
 @register(aten.max_pool2d_with_indices)
 def _max_pool2d(x: TensorMeta, kernel_size, *_, out=None, **__) -> list[Row]:
-    rows = _pool(L.POOL)(x, kernel_size, *_, out=out, **__)
+    rows = _pool_rows(x, kernel_size, *_, out=out, **__)
     outs = tensors(out)
     return _max_pool_nchw(rows, x, outs[0], kernel_size) if outs else rows
 
@@ -672,7 +672,7 @@ def _max_pool2d(x: TensorMeta, kernel_size, *_, out=None, **__) -> list[Row]:
 @register(aten.max_pool2d_with_indices_backward)
 def _max_pool2d_bwd(grad: TensorMeta, x: TensorMeta, kernel_size, *_, out=None,
                     **__) -> list[Row]:
-    rows = _pool(L.POOL_BWD)(grad, x, kernel_size, *_, out=out, **__)
+    rows = _pool_bwd_rows(grad, x, kernel_size, *_, out=out, **__)
     return _max_pool_nchw(rows, x, grad, kernel_size)
 
 
@@ -680,12 +680,12 @@ register(aten.avg_pool2d, aten._adaptive_avg_pool2d,
          aten.max_pool3d_with_indices, aten.avg_pool3d, aten._adaptive_avg_pool3d,
          aten.adaptive_max_pool2d, aten.adaptive_max_pool3d, aten.max_pool1d, aten.avg_pool1d,
          aten.fractional_max_pool2d, aten.fractional_max_pool3d, aten.max_unpool2d,
-         aten.max_unpool3d)(_pool(L.POOL))
+         aten.max_unpool3d)(_pool_rows)
 register(aten.avg_pool2d_backward,
          aten._adaptive_avg_pool2d_backward, aten.max_pool3d_with_indices_backward,
          aten.avg_pool3d_backward, aten._adaptive_avg_pool3d_backward,
          aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward,
-         aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward)(_pool(L.POOL_BWD))
+         aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward)(_pool_bwd_rows)
 
 
 # ---------------------------------------------------------- dropout, losses --

@@ -575,10 +575,6 @@ def per_channel_batch_norm_us(family: int, dtype_code: int, d: Sequence[int],
     return max(t_stream, one_pass)  # cuDNN: one kernel
 
 
-# roofline.runs_generic_kernel: families whose rows can name a kernel kind.
-GENERIC_KERNEL_FAMILIES = (L.COPY, L.ELEMENTWISE, L.POOL, L.POOL_BWD)
-
-
 def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
                     t_stream: float) -> float:
     """roofline.generic_kernel_us: a copy PyTorch runs with a non-vectorised
@@ -586,7 +582,7 @@ def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
     per SM clock; an NCHW max pool at least its window walk (forward: window
     elements per SM clock; backward: bytes per window element at the DRAM
     bandwidth)."""
-    generic = family in GENERIC_KERNEL_FAMILIES and len(d) > L.MEM_GENERIC
+    generic = family in R.GENERIC_KERNEL_FAMILIES and len(d) > L.MEM_GENERIC
     kind = d[L.MEM_GENERIC] if generic else 0
     nvidia = len(gpu) > L.G_CC_MAJOR and gpu[L.G_CC_MAJOR] > 0
     if kind <= 0 or not nvidia:
@@ -622,7 +618,7 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
     launches = kernels * params[R.P_LAUNCH_US]
     if family in (L.BATCH_NORM, L.BATCH_NORM_BWD):
         return per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
-    if family in GENERIC_KERNEL_FAMILIES and t > 0.0:
+    if family in R.GENERIC_KERNEL_FAMILIES and t > 0.0:
         return generic_kernel_us(family, d, gpu, t - launches) + launches
     return t
 
