@@ -1,6 +1,7 @@
 """Large fp32 matmuls against a public table of measured throughput.
 
     python -m benchmarks.matmul_published
+    python -m benchmarks.matmul_published --within-chip   # boards of the training chips
 
 The predictor's fp32 GEMM model on GPUs it never saw (and on three chips of
 its training data) against the community table of
@@ -52,9 +53,10 @@ PUBLISHED = (
 SIZES = (1024, 2048, 4096, 8192, 10240)
 
 
-def predicted_tflops(gpu_id: str) -> float:
-    """Best predicted TFLOP/s of a square fp32 `torch.mm` over SIZES."""
-    gpu = hardware.get(gpu_id).features
+def predicted_tflops(gpu_id: str, gpu: np.ndarray | None = None) -> float:
+    """Best predicted TFLOP/s of a square fp32 `torch.mm` over SIZES (on the
+    feature row `gpu` where given: a board the database does not hold)."""
+    gpu = hardware.get(gpu_id).features if gpu is None else gpu
     mlp = opmodel.weights()
     params = default_params()
     best = 0.0
@@ -98,8 +100,94 @@ def table(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Within-chip check: boards of a chip whose own GEMM kernels trained the
+# weights, at another board power or rated clock than the board measured.
+# (board, measured TFLOP/s, the table's device name, spec overrides for a
+# board the database does not hold). The V100S PCIe: the V100 PCIe 32GB's
+# GV100 with its 80 SMs at the same 250 W, rated 1601 MHz, 16.4 TFLOP/s and
+# 1134 GB/s (NVIDIA V100 Tensor Core GPU datasheet, V100S PCIe column);
+# measured by zzc0208 (database.md, "NVIDIA Tesla V100S 32GB", 13.55).
+WITHIN_CHIP = (
+    ("A100-SXM4-80GB", 19.18, "NVIDIA A100 SXM4 80GB", None),
+    ("H100-SXM5-80GB", 52.11, "NVIDIA H100 80GB HBM3", None),
+    ("V100S-PCIE-32GB", 13.55, "NVIDIA Tesla V100S 32GB",
+     ("V100-PCIE-32GB", {L.G_CLOCK_MHZ: 1601.0, L.G_FP32_TFLOPS: 16.4, L.G_TF32_TFLOPS: 16.4,
+                         L.G_BF16_TFLOPS: 16.4, L.G_FP16_TFLOPS: 130.0,
+                         L.G_MEM_BW_GBS: 1134.0})),
+)
+# The boards whose fp32 GEMM kernels trained the shipped matmul network.
+GEMM_TRAINING_BOARDS = ("A100-PCIE-40GB", "H200-SXM-141GB", "P100-PCIE-16GB", "P4", "T4",
+                        "V100-PCIE-32GB")
+
+
+def _features(board: str, over) -> np.ndarray:
+    if over is None:
+        return hardware.get(board).features
+    base, fields = over
+    gpu = hardware.get(base).features.copy()
+    for j, v in fields.items():
+        gpu[j] = v
+    return gpu
+
+
+def within_chip_rows() -> list[dict]:
+    """Each WITHIN_CHIP board against the training board of its chip: the
+    shipped prediction (the training board's efficiency on the board's own
+    rated peak), and what a sustained clock set by board power per SM would
+    give. That rule (a diagnostic, not what the predictor does): the training
+    board o runs its best square GEMM at efficiency e_o = e_k * f_o / b_o,
+    with b the rated boost clock, f the clock sustained under the GEMM and
+    e_k the best efficiency the model gives any training board (the kernel's
+    own, at a clock it holds); another board t of the chip sustains
+    f_t = min(b_t, f_o * q**(1/3)), q its board power per SM over o's
+    (dynamic power ~ f V^2 with V rising with f: power ~ f^3), and runs at
+    e_o's TFLOP/s x (SMs_t / SMs_o) x f_t / f_o."""
+    boards = {b: hardware.get(b).features for b in GEMM_TRAINING_BOARDS}
+    best = {b: predicted_tflops(b) for b in boards}
+    e_k = max(best[b] / boards[b][L.G_FP32_TFLOPS] for b in boards)
+    out = []
+    for board, meas, name, over in WITHIN_CHIP:
+        gpu = _features(board, over)
+        origin = next(b for b in boards if boards[b][L.G_CHIP] == gpu[L.G_CHIP])
+        o = boards[origin]
+        e_o = best[origin] / o[L.G_FP32_TFLOPS]
+        f_o = o[L.G_CLOCK_MHZ] * e_o / e_k
+        q = (gpu[L.G_TDP_W] / gpu[L.G_SMS]) / (o[L.G_TDP_W] / o[L.G_SMS])
+        f_t = min(gpu[L.G_CLOCK_MHZ], f_o * q ** (1.0 / 3.0))
+        rule = best[origin] * gpu[L.G_SMS] / o[L.G_SMS] * f_t / f_o
+        shipped = predicted_tflops(board, gpu)
+        out.append({"gpu": board, "device": name, "origin": origin, "power per SM": q,
+                    "boost": gpu[L.G_CLOCK_MHZ], "origin boost": o[L.G_CLOCK_MHZ],
+                    "origin sustained": f_o, "sustained": f_t, "measured": meas,
+                    "shipped": shipped, "rule": rule,
+                    "shipped error %": (shipped / meas - 1.0) * 100.0,
+                    "rule error %": (rule / meas - 1.0) * 100.0})
+    return out
+
+
+def within_chip_table(rs: list[dict]) -> str:
+    lines = ["| board | chip's training board | power per SM (x the training board's) | "
+             "rated boost MHz (training board's) | sustained MHz, rule (training board's) | "
+             "measured TFLOP/s | shipped | error | power rule | error |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rs:
+        lines.append(f"| {r['gpu']} | {r['origin']} | {r['power per SM']:.2f} | "
+                     f"{r['boost']:.0f} ({r['origin boost']:.0f}) | "
+                     f"{r['sustained']:.0f} ({r['origin sustained']:.0f}) | {r['measured']:.2f} | "
+                     f"{r['shipped']:.2f} | {r['shipped error %']:+.1f} % | {r['rule']:.2f} | "
+                     f"{r['rule error %']:+.1f} % |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--within-chip", action="store_true",
+                    help="only boards of the training GPUs' chips at another power or clock: "
+                         "the shipped prediction against a sustained clock set by board power")
+    args = ap.parse_args(argv)
+    if args.within_chip:
+        print(within_chip_table(within_chip_rows()))
+        return 0
     print(table(rows()))
     return 0
 

@@ -18,3 +18,24 @@ def test_every_row_is_a_known_gpu_with_a_sane_prediction():
         assert 0 < r["measured"] <= peak  # fp32 rows only: no TF32 figure slipped in
     text = M.table(rows)
     assert "outside the data" in text and text.count("\n| ") == len(rows) + 1
+
+
+def test_within_chip_rows_pair_each_board_with_its_chips_training_board():
+    """The within-chip diagnostic: every board has a training board of its own
+    chip, the power rule never puts a board above its rated boost clock, the
+    same power per SM keeps the training board's sustained clock, and more
+    power per SM raises it."""
+    rows = M.within_chip_rows()
+    assert [r["gpu"] for r in rows] == [b for b, *_ in M.WITHIN_CHIP]
+    for r in rows:
+        chip = M._features(r["gpu"], dict((b, o) for b, _, _, o in M.WITHIN_CHIP)[r["gpu"]])[L.G_CHIP]
+        assert hardware.get(r["origin"]).features[L.G_CHIP] == chip
+        assert r["origin"] != r["gpu"] and r["sustained"] <= r["boost"] + 1e-9
+        for key in ("shipped", "rule"):
+            assert math.isfinite(r[key]) and r[key] > 0
+        if abs(r["power per SM"] - 1.0) < 1e-9:
+            assert r["sustained"] == min(r["boost"], r["origin sustained"])
+        else:
+            assert r["power per SM"] > 1.0 and r["sustained"] > r["origin sustained"]
+    text = M.within_chip_table(rows)
+    assert text.count("\n| ") == len(rows) + 1
