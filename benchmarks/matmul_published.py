@@ -29,6 +29,9 @@ import numpy as np
 
 from predictor import hardware, opmodel
 from predictor.kernels import layout as L
+from predictor.kernels.clocks import clock_ratio
+from predictor.kernels.features import G_CONV, G_MATMUL
+from predictor.kernels.mlp import HEADER
 from predictor.kernels.optime import op_time_us
 from predictor.kernels.roofline import default_params
 
@@ -57,7 +60,11 @@ def predicted_tflops(gpu_id: str, gpu: np.ndarray | None = None) -> float:
     """Best predicted TFLOP/s of a square fp32 `torch.mm` over SIZES (on the
     feature row `gpu` where given: a board the database does not hold)."""
     gpu = hardware.get(gpu_id).features if gpu is None else gpu
-    mlp = opmodel.weights()
+    return predicted_tflops_with(gpu, opmodel.weights())
+
+
+def predicted_tflops_with(gpu: np.ndarray, mlp: np.ndarray) -> float:
+    """`predicted_tflops` under the op-model weights `mlp`."""
     params = default_params()
     best = 0.0
     for n in SIZES:
@@ -130,60 +137,66 @@ def _features(board: str, over) -> np.ndarray:
     return gpu
 
 
+def without_board_clocks(mlp: np.ndarray) -> np.ndarray:
+    """`mlp` with the matmul and conv groups' board records dropped (their
+    SM range kept): every board of a chip at its measured board's efficiency
+    on its own rated peak, as before kernels.clocks."""
+    out = mlp.copy()
+    for g in (G_MATMUL, G_CONV):
+        h = 1 + HEADER * g
+        if out[h + 9] > 2:
+            out[h + 9] = 2
+    return out
+
+
 def within_chip_rows() -> list[dict]:
     """Each WITHIN_CHIP board against the training board of its chip: the
-    shipped prediction (the training board's efficiency on the board's own
-    rated peak), and what a sustained clock set by board power per SM would
-    give. That rule (a diagnostic, not what the predictor does): the training
-    board o runs its best square GEMM at efficiency e_o = e_k * f_o / b_o,
-    with b the rated boost clock, f the clock sustained under the GEMM and
-    e_k the best efficiency the model gives any training board (the kernel's
-    own, at a clock it holds); another board t of the chip sustains
-    f_t = min(b_t, f_o * q**(1/3)), q its board power per SM over o's
-    (dynamic power ~ f V^2 with V rising with f: power ~ f^3), and runs at
-    e_o's TFLOP/s x (SMs_t / SMs_o) x f_t / f_o."""
+    prediction without the board's own sustained clock (the chip's measured
+    board's efficiency on this board's rated peak) and the shipped one, whose
+    GEMMs run at the clock this board's power per SM sustains
+    (kernels.clocks, with the clock ratio m it applies)."""
+    mlp = opmodel.weights()
+    plain = without_board_clocks(mlp)
     boards = {b: hardware.get(b).features for b in GEMM_TRAINING_BOARDS}
-    best = {b: predicted_tflops(b) for b in boards}
-    e_k = max(best[b] / boards[b][L.G_FP32_TFLOPS] for b in boards)
     out = []
     for board, meas, name, over in WITHIN_CHIP:
         gpu = _features(board, over)
         origin = next(b for b in boards if boards[b][L.G_CHIP] == gpu[L.G_CHIP])
         o = boards[origin]
-        e_o = best[origin] / o[L.G_FP32_TFLOPS]
-        f_o = o[L.G_CLOCK_MHZ] * e_o / e_k
         q = (gpu[L.G_TDP_W] / gpu[L.G_SMS]) / (o[L.G_TDP_W] / o[L.G_SMS])
-        f_t = min(gpu[L.G_CLOCK_MHZ], f_o * q ** (1.0 / 3.0))
-        rule = best[origin] * gpu[L.G_SMS] / o[L.G_SMS] * f_t / f_o
-        shipped = predicted_tflops(board, gpu)
+        before = predicted_tflops_with(gpu, plain)
+        shipped = predicted_tflops_with(gpu, mlp)
         out.append({"gpu": board, "device": name, "origin": origin, "power per SM": q,
                     "boost": gpu[L.G_CLOCK_MHZ], "origin boost": o[L.G_CLOCK_MHZ],
-                    "origin sustained": f_o, "sustained": f_t, "measured": meas,
-                    "shipped": shipped, "rule": rule,
-                    "shipped error %": (shipped / meas - 1.0) * 100.0,
-                    "rule error %": (rule / meas - 1.0) * 100.0})
+                    "m": clock_ratio(mlp, G_MATMUL, gpu), "measured": meas,
+                    "before": before, "shipped": shipped,
+                    "before error %": (before / meas - 1.0) * 100.0,
+                    "shipped error %": (shipped / meas - 1.0) * 100.0})
     return out
 
 
 def within_chip_table(rs: list[dict]) -> str:
     lines = ["| board | chip's training board | power per SM (x the training board's) | "
-             "rated boost MHz (training board's) | sustained MHz, rule (training board's) | "
-             "measured TFLOP/s | shipped | error | power rule | error |",
+             "rated boost MHz (training board's) | clock ratio m | measured TFLOP/s | "
+             "at the measured board's efficiency | error | shipped (its own clock) | error |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rs:
         lines.append(f"| {r['gpu']} | {r['origin']} | {r['power per SM']:.2f} | "
-                     f"{r['boost']:.0f} ({r['origin boost']:.0f}) | "
-                     f"{r['sustained']:.0f} ({r['origin sustained']:.0f}) | {r['measured']:.2f} | "
-                     f"{r['shipped']:.2f} | {r['shipped error %']:+.1f} % | {r['rule']:.2f} | "
-                     f"{r['rule error %']:+.1f} % |")
+                     f"{r['boost']:.0f} ({r['origin boost']:.0f}) | {r['m']:.3f} | "
+                     f"{r['measured']:.2f} | {r['before']:.2f} | {r['before error %']:+.1f} % | "
+                     f"{r['shipped']:.2f} | {r['shipped error %']:+.1f} % |")
+    before = np.mean([abs(r["before error %"]) for r in rs])
+    after = np.mean([abs(r["shipped error %"]) for r in rs])
+    lines += ["", f"mean |error|: {before:.1f} % at the measured board's efficiency, "
+                  f"{after:.1f} % shipped"]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--within-chip", action="store_true",
-                    help="only boards of the training GPUs' chips at another power or clock: "
-                         "the shipped prediction against a sustained clock set by board power")
+                    help="only boards of the training GPUs' chips at another power or clock, "
+                         "with and without the clock their power sustains")
     args = ap.parse_args(argv)
     if args.within_chip:
         print(within_chip_table(within_chip_rows()))

@@ -590,6 +590,69 @@ def sm_range(samples: OpSamples) -> np.ndarray:
     return np.array([min(sms), max(sms)], dtype=np.float64)
 
 
+# A GEMM whose best efficiency says how close to its rated clock a board runs
+# (board_records): at least this much work, compute-bound at the spec's peaks.
+CLOCK_GEMM_FLOPS = 1e9
+CLOCK_PERCENTILE = 90.0
+
+
+def _gemm_efficiency_p90(samples: OpSamples) -> dict[str, float]:
+    """Per board, the 90th percentile of its fp32 GEMMs' efficiency (time at
+    the spec sheet's compute peak over the measured time), over GEMMs of at
+    least CLOCK_GEMM_FLOPS that are compute-bound."""
+    from predictor.kernels.features import roofline_us
+    from predictor.kernels.work import flops_and_elems
+
+    db = hardware.database()
+    params = default_params()
+    out = {}
+    for gid in sorted(set(samples.gpu)):
+        gpu = db.get(gid).features
+        rows = np.flatnonzero((samples.gpu == gid) & (samples.family == L.MATMUL))
+        effs = []
+        for i in rows:
+            d = samples.dims[i]
+            flops, _ = flops_and_elems(L.MATMUL, d)
+            t_c, t_m = roofline_us(L.MATMUL, L.F32, d, gpu, params)
+            if flops >= CLOCK_GEMM_FLOPS and t_c >= t_m:
+                effs.append(t_c / (samples.latency_ms[i] * 1e3))
+        if effs:
+            out[gid] = float(np.percentile(effs, CLOCK_PERCENTILE))
+    return out
+
+
+def board_records(samples: OpSamples, group: int) -> list[float]:
+    """The board records of `group`'s auxiliary numbers (kernels.clocks): per
+    chip of the group's rows, the board most of them came from, as (chip
+    key, board power per SM, rated boost MHz, clock fraction). For the matmul
+    group the fraction is the board's GEMM efficiency (`_gemm_efficiency_p90`)
+    over the best board's, at most 1: a board short of the best is taken to
+    run below its rated clock; for the conv group it is 0 (the chip's matmul
+    record gives the clock)."""
+    db = hardware.database()
+    fractions = _gemm_efficiency_p90(samples) if group == G_MATMUL else {}
+    best = max(fractions.values(), default=0.0)
+    boards: dict[float, tuple[int, str]] = {}
+    for gid in sorted(set(samples.gpu)):
+        chip = float(db.get(gid).features[L.G_CHIP])
+        n = int((samples.gpu == gid).sum())
+        if chip != 0.0 and (chip not in boards or n > boards[chip][0]):
+            boards[chip] = (n, gid)
+    out: list[float] = []
+    for chip in sorted(boards):
+        gid = boards[chip][1]
+        f = db.get(gid).features
+        if not (f[L.G_TDP_W] > 0 and f[L.G_SMS] > 0 and f[L.G_CLOCK_MHZ] > 0):
+            continue
+        c = 0.0
+        if group == G_MATMUL:
+            if gid not in fractions or best <= 0:
+                continue
+            c = min(fractions[gid] / best, 1.0)
+        out += [chip, float(f[L.G_TDP_W] / f[L.G_SMS]), float(f[L.G_CLOCK_MHZ]), c]
+    return out
+
+
 def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
           progress=None, chips: bool = True, ensemble: int = ENSEMBLE,
           group_cache: dict | None = None) -> np.ndarray:
@@ -623,7 +686,8 @@ def train(samples: OpSamples, *, seed: int = 0, epochs: int = 60, groups=None,
             aux = tile_rule(samples)
             featurize = functools.partial(features, tiles=aux)
         elif g in (G_MATMUL, G_CONV):
-            aux = sm_range(samples.subset(mask))
+            aux = np.concatenate([sm_range(samples.subset(mask)),
+                                  board_records(samples.subset(mask), g)])
         plan.append((g, samples.subset(mask), featurize))
         auxes[g], keys[g] = aux, key
     fitted = fit_distilled_groups(plan, seed=seed, epochs=epochs, ensemble=ensemble,

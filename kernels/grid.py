@@ -37,6 +37,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
+from predictor.kernels.clocks import with_board_clock
 from predictor.kernels.precision import is_layout_transpose, rewrites
 from predictor.kernels.roofline import (P_LAUNCH_US, P_LSTM_STEP_US, generic_kernel_us,
                                        runs_generic_kernel)
@@ -130,9 +131,11 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
             efficiency_block(mlp, G_MATMUL, x, x.shape[0], eta_one, zbuf, hbuf, acc)
         for g in range(g0, g1):
             e = with_chip(mlp, group, eta[g - g0], gpus[g, L.G_CHIP])
+            e = with_board_clock(mlp, group, e, fam, dt, d, gpus[g], params)
             t = learned_time_us(fam, dt, d, gpus[g], params, ideal[g - g0], e)
             if floor:
                 e = with_chip(mlp, G_MATMUL, eta_one[g - g0], gpus[g, L.G_CHIP])
+                e = with_board_clock(mlp, G_MATMUL, e, fam, dt, one, gpus[g], params)
                 t = max(t, learned_us(fam, dt, one, gpus[g], params, e))
             if runs_generic_kernel(fam):
                 t = generic_kernel_us(fam, d, gpus[g], t)

@@ -3,6 +3,9 @@ roofline time where a model for the op's group exists, else the analytical
 roofline with wave quantization.
 
     t = ideal / eta(features) + kernels * launch            (learned)
+
+(eta with the chip's correction and, for GEMMs and convolutions on another
+board of a training chip, that board's sustained clock: kernels.clocks)
     t = analytical roofline (predictor.kernels.roofline)     (otherwise)
 
 eta is bounded in (0, eta_max], so a GPU with more bandwidth or FLOP/s can
@@ -19,6 +22,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
                                         learned_time_us, serving_group)
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
+from predictor.kernels.clocks import with_board_clock
 from predictor.kernels.roofline import (P_LAUNCH_US, P_LSTM_STEP_US, generic_kernel_us,
                                        per_channel_batch_norm_us, runs_generic_kernel)
 from predictor.kernels.roofline import op_time_us as analytical_time_us
@@ -56,6 +60,7 @@ def learned_row_us(group, family, dtype_code, d, gpu, params, mlp, isolated):
     hidden = np.empty(MAX_HIDDEN)
     ideal = group_features(group, family, dtype_code, d, gpu, params, mlp, x)
     eta = chip_efficiency(mlp, group, x, hidden, gpu[L.G_CHIP])
+    eta = with_board_clock(mlp, group, eta, family, dtype_code, d, gpu, params)
     t = learned_time_us(family, dtype_code, d, gpu, params, ideal, eta)
     if isolated:
         t += floor_us(mlp, group)
@@ -64,6 +69,7 @@ def learned_row_us(group, family, dtype_code, d, gpu, params, mlp, isolated):
         one[0] = 1
         ideal = group_features(G_MATMUL, family, dtype_code, one, gpu, params, mlp, x)
         eta = chip_efficiency(mlp, G_MATMUL, x, hidden, gpu[L.G_CHIP])
+        eta = with_board_clock(mlp, G_MATMUL, eta, family, dtype_code, one, gpu, params)
         alone = learned_time_us(family, dtype_code, one, gpu, params, ideal, eta)
         t = max(t, alone + floor_us(mlp, G_MATMUL) if isolated else alone)
     return t

@@ -69,9 +69,16 @@ def layout_problem(mlp: np.ndarray) -> str | None:
         if g == G_BMM and n_aux != 0 and tile_rule_problem(int(n_aux)):
             return f"group {g}: {tile_rule_problem(int(n_aux))}"
         if g in (G_MATMUL, G_CONV) and n_aux != 0:
-            lo, hi = (mlp[int(a_off):int(a_off) + 2] if n_aux == 2 else (0.0, 0.0))
+            # The SM range, then board records (kernels.clocks) of 4 numbers.
+            ok = n_aux >= 2 and (n_aux - 2) % 4 == 0
+            lo, hi = mlp[int(a_off):int(a_off) + 2] if ok else (0.0, 0.0)
             if not 0 < lo <= hi:
                 return f"group {g}: the SM range is not two counts, fewest first"
+            boards = mlp[int(a_off) + 2:int(a_off + n_aux)].reshape(-1, 4)
+            if not ((boards[:, 1:3] > 0).all() and (boards[:, 3] >= 0).all()
+                    and (boards[:, 3] <= 1).all()):
+                return (f"group {g}: a board record's power per SM, clock or clock "
+                        "fraction is out of range")
         c_off, n_corr = mlp[1 + HEADER * g + 6:1 + HEADER * g + 8]
         if n_corr == 0:
             continue

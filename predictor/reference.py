@@ -344,7 +344,8 @@ def sm_clamped(gpu, lo: float, hi: float) -> list[float]:
 def sm_range(mlp, group: int) -> tuple[float, float]:
     """features.sm_range."""
     aux = group_aux(mlp, features.G_MATMUL if group == features.G_BMM else group)
-    if group in (features.G_MATMUL, features.G_CONV, features.G_BMM) and len(aux) == 2:
+    if group in (features.G_MATMUL, features.G_CONV, features.G_BMM) and len(aux) >= 2 \
+            and (len(aux) - 2) % 4 == 0:
         return aux[0], aux[1]
     return 0.0, math.inf
 
@@ -441,6 +442,52 @@ def with_chip(mlp, group: int, eta: float, chip: float) -> float:
     if c == 0.0:
         return eta
     return min(eta * math.exp(-c), mlp[h + 4])
+
+
+# ---- kernels/clocks.py -------------------------------------------------------------
+
+
+def _board_record(aux, chip: float):
+    """(power per SM, boost MHz, clock fraction) of `chip`'s board record, or None."""
+    for j in range(2, len(aux) - 3, 4):
+        if aux[j] == chip:
+            return aux[j + 1], aux[j + 2], aux[j + 3]
+    return None
+
+
+def clock_ratio(mlp, group: int, gpu) -> float:
+    """clocks.clock_ratio."""
+    if group not in (features.G_MATMUL, features.G_BMM, features.G_CONV):
+        return 1.0
+    chip = gpu[L.G_CHIP]
+    if chip == 0.0 or len(mlp) == 0:
+        return 1.0
+    ref = _board_record(group_aux(mlp, features.G_MATMUL), chip)
+    own = _board_record(group_aux(mlp, features.G_CONV if group == features.G_CONV
+                                  else features.G_MATMUL), chip)
+    if ref is None or own is None:
+        return 1.0
+    (w_r, b_r, c_r), (w_o, b_o, _) = ref, own
+    sms, b_t, tdp = gpu[L.G_SMS], gpu[L.G_CLOCK_MHZ], gpu[L.G_TDP_W]
+    if min(w_r, b_r, c_r, w_o, b_o, sms, b_t, tdp) <= 0.0:
+        return 1.0
+    f_r = c_r * b_r
+    f_t = min(b_t, f_r * (tdp / sms / w_r) ** (1.0 / 3.0))
+    f_o = min(b_o, f_r * (w_o / w_r) ** (1.0 / 3.0))
+    return (f_t / b_t) / (f_o / b_o)
+
+
+def with_board_clock(mlp, group: int, eta: float, family: int, dtype_code: int, d, gpu,
+                     params) -> float:
+    """clocks.with_board_clock."""
+    m = clock_ratio(mlp, group, gpu)
+    if m == 1.0:
+        return eta
+    flops, elems = flops_and_elems(family, d)
+    t_c = flops / peak_flops(gpu, family, dtype_code, params) * 1e6
+    t_m = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
+    share = 1.0 if t_c >= t_m else (t_c / t_m if t_m > 0.0 else 1.0)
+    return min(eta * (1.0 + (m - 1.0) * share), mlp[1 + M.HEADER * group + 4])
 
 
 # ---- kernels/optime.py -------------------------------------------------------------
@@ -641,6 +688,7 @@ def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         x, _ = bmm_features(dtype_code, d, described_gpu(mlp, group, gpu), params,
                             group_aux(mlp, group))
         eta = with_chip(mlp, group, efficiency(mlp, group, x), gpu[L.G_CHIP])
+        eta = with_board_clock(mlp, group, eta, family, dtype_code, d, gpu, params)
         _, elems = flops_and_elems(family, d)  # features.learned_time_us
         dram = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
         t = max(ideal / eta, dram / features.ACHIEVABLE_DRAM)
@@ -652,6 +700,8 @@ def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                                                     described_gpu(mlp, features.G_MATMUL, gpu),
                                                     params)),
                             gpu[L.G_CHIP])
+            eta = with_board_clock(mlp, features.G_MATMUL, eta, family, dtype_code, one, gpu,
+                                   params)
             t = max(t, learned_us(family, dtype_code, one, gpu, params, eta))
     else:
         eta = with_chip(mlp, group, efficiency(mlp, group,
@@ -659,6 +709,7 @@ def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                                                             described_gpu(mlp, group, gpu),
                                                             params)),
                         gpu[L.G_CHIP])
+        eta = with_board_clock(mlp, group, eta, family, dtype_code, d, gpu, params)
         t = learned_us(family, dtype_code, d, gpu, params, eta)
     t += kernels * params[R.P_LAUNCH_US]
     if family in (L.LSTM, L.LSTM_BWD):

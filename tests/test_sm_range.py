@@ -143,10 +143,11 @@ def test_the_shipped_gemm_and_conv_networks_carry_their_training_gpus_range():
         pytest.skip("no shipped weights")
     _, meta = opmodel.shipped()
     sms = [hardware.get(g).features[L.G_SMS] for g in meta["gpus"]]
-    assert list(group_aux(mlp, G_MATMUL)) == [min(sms), max(sms)]
+    # (after the range, the board records of kernels.clocks: tests/test_clocks.py)
+    assert list(group_aux(mlp, G_MATMUL)[:2]) == [min(sms), max(sms)]
     # The conv network's range is that of the GPUs with fp32 convolutions in
     # the data: the H200's ran in TF32 and are not trained on.
-    lo, hi = group_aux(mlp, G_CONV)
+    lo, hi = group_aux(mlp, G_CONV)[:2]
     assert lo == min(sms) and hi in sms and hi <= max(sms)
 
 
