@@ -3,10 +3,10 @@ roofline time where a model for the op's group exists, else the analytical
 roofline with wave quantization.
 
     t = ideal / eta(features) + kernels * launch            (learned)
+    t = analytical roofline (predictor.kernels.roofline)     (otherwise)
 
 (eta with the chip's correction and, for GEMMs and convolutions on another
-board of a training chip, that board's sustained clock: kernels.clocks)
-    t = analytical roofline (predictor.kernels.roofline)     (otherwise)
+board of a training chip, that board's sustained clock: kernels.clocks.)
 
 eta is bounded in (0, eta_max], so a GPU with more bandwidth or FLOP/s can
 never be predicted absurdly: the ideal time shrinks and eta stays bounded.
