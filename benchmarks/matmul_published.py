@@ -3,8 +3,8 @@
     python -m benchmarks.matmul_published
     python -m benchmarks.matmul_published --within-chip   # boards of the training chips
 
-The predictor's fp32 GEMM model on GPUs it never saw (and on three chips of
-its training data) against the community table of
+The predictor's fp32 GEMM model on GPUs it never saw (and on boards of its
+training data's chips) against the community table of
 github.com/zzc0721/torch-performance-test-data (`database.md`, commit
 0785868): each row is the best of `torch.mm` on square fp32 matrices of
 1,024, 2,048, 4,096, 8,192 and 10,240 (30 back-to-back calls after 6
@@ -50,6 +50,7 @@ PUBLISHED = (
     ("RTX-4090", (55.01, 54.77, 46.48, 54.67), "NVIDIA (GeForce) RTX 4090 24GB"),
     ("RTX-3090", (24.46, 24.84, 24.79), "NVIDIA (GeForce) RTX 3090 24GB"),
     ("RTX-A6000", (23.92,), "NVIDIA RTX A6000"),
+    ("V100S-PCIE-32GB", (13.55,), "NVIDIA Tesla V100S 32GB"),
     ("T4", (4.17, 4.43), "NVIDIA Tesla T4 16GB"),
     ("P4", (4.55,), "NVIDIA Tesla P4 8GB"),
 )
@@ -109,32 +110,17 @@ def table(rs: list[dict]) -> str:
 
 # Within-chip check: boards of a chip whose own GEMM kernels trained the
 # weights, at another board power or rated clock than the board measured.
-# (board, measured TFLOP/s, the table's device name, spec overrides for a
-# board the database does not hold). The V100S PCIe: the V100 PCIe 32GB's
-# GV100 with its 80 SMs at the same 250 W, rated 1601 MHz, 16.4 TFLOP/s and
-# 1134 GB/s (NVIDIA V100 Tensor Core GPU datasheet, V100S PCIe column);
-# measured by zzc0208 (database.md, "NVIDIA Tesla V100S 32GB", 13.55).
+# (board, measured TFLOP/s, the table's device name). The V100S PCIe is the
+# V100 PCIe 32GB's GV100 with its 80 SMs at the same 250 W, rated 1601 MHz;
+# measured by zzc0208 (database.md, "NVIDIA Tesla V100S 32GB").
 WITHIN_CHIP = (
-    ("A100-SXM4-80GB", 19.18, "NVIDIA A100 SXM4 80GB", None),
-    ("H100-SXM5-80GB", 52.11, "NVIDIA H100 80GB HBM3", None),
-    ("V100S-PCIE-32GB", 13.55, "NVIDIA Tesla V100S 32GB",
-     ("V100-PCIE-32GB", {L.G_CLOCK_MHZ: 1601.0, L.G_FP32_TFLOPS: 16.4, L.G_TF32_TFLOPS: 16.4,
-                         L.G_BF16_TFLOPS: 16.4, L.G_FP16_TFLOPS: 130.0,
-                         L.G_MEM_BW_GBS: 1134.0})),
+    ("A100-SXM4-80GB", 19.18, "NVIDIA A100 SXM4 80GB"),
+    ("H100-SXM5-80GB", 52.11, "NVIDIA H100 80GB HBM3"),
+    ("V100S-PCIE-32GB", 13.55, "NVIDIA Tesla V100S 32GB"),
 )
 # The boards whose fp32 GEMM kernels trained the shipped matmul network.
 GEMM_TRAINING_BOARDS = ("A100-PCIE-40GB", "H200-SXM-141GB", "P100-PCIE-16GB", "P4", "T4",
                         "V100-PCIE-32GB")
-
-
-def _features(board: str, over) -> np.ndarray:
-    if over is None:
-        return hardware.get(board).features
-    base, fields = over
-    gpu = hardware.get(base).features.copy()
-    for j, v in fields.items():
-        gpu[j] = v
-    return gpu
 
 
 def without_board_clocks(mlp: np.ndarray) -> np.ndarray:
@@ -159,8 +145,8 @@ def within_chip_rows() -> list[dict]:
     plain = without_board_clocks(mlp)
     boards = {b: hardware.get(b).features for b in GEMM_TRAINING_BOARDS}
     out = []
-    for board, meas, name, over in WITHIN_CHIP:
-        gpu = _features(board, over)
+    for board, meas, name in WITHIN_CHIP:
+        gpu = hardware.get(board).features
         origin = next(b for b in boards if boards[b][L.G_CHIP] == gpu[L.G_CHIP])
         o = boards[origin]
         q = (gpu[L.G_TDP_W] / gpu[L.G_SMS]) / (o[L.G_TDP_W] / o[L.G_SMS])

@@ -29,9 +29,8 @@ def test_within_chip_rows_pair_each_board_with_its_chips_training_board():
     predictions are finite and positive."""
     rows = M.within_chip_rows()
     assert [r["gpu"] for r in rows] == [b for b, *_ in M.WITHIN_CHIP]
-    overrides = {b: o for b, _, _, o in M.WITHIN_CHIP}
     for r in rows:
-        chip = M._features(r["gpu"], overrides[r["gpu"]])[L.G_CHIP]
+        chip = hardware.get(r["gpu"]).features[L.G_CHIP]
         assert hardware.get(r["origin"]).features[L.G_CHIP] == chip
         assert r["origin"] != r["gpu"]
         for key in ("before", "shipped"):
