@@ -35,11 +35,12 @@ cap, tensor-core generation, the vendor's libraries), which no spec field
 predicts well: over the ten NVIDIA boards, leaving each out, the median of
 the others misses it by 10.4 % mean and a log-linear fit on board power per
 tensor TFLOP/s by 10.4 % too, so a GPU without a measurement gets
-``TC_FRACTION``, the median of the eleven (0.80). The one exception is a
-twin: the RTX 6000 Ada's is the L40S's measurement (the same AD102 die, SM
-count, boost clock and rated peak) at the clock its 300 W sustain against
-the L40S's 350 W, by the cube-root rule of kernels.clocks (0.743 -> 0.710;
-specs/gpus.toml gives the arithmetic). Tile and wave quantisation take shapes below it.
+``TC_FRACTION``, the median of the eleven (0.80), unless a board of its
+chip (same architecture and SM count) was measured: then it takes that
+twin's at the clock its own board power sustains, by the cube-root rule of
+kernels.clocks (``predictor.hardware``: the RTX 6000 Ada and the L40, 300 W,
+0.710 and 0.714 from the 350 W L40S's 0.743; the A40 the RTX A6000's
+0.797). Tile and wave quantisation take shapes below it.
 ``UNALIGNED_SLOWDOWN`` is chosen by hand (not fitted to any label), and no
 published figure gives it. What is published: the rule itself (NVIDIA, "Matrix
 Multiplication Background User's Guide", section "Tensor Core Requirements",

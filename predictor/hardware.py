@@ -19,6 +19,7 @@ import numpy as np
 from predictor.errors import InvalidArgumentError, SpecError, UnknownGPUError
 from predictor.io import MiB, printable, read_text
 from predictor.kernels import layout as L
+from predictor.kernels.clocks import POWER_EXPONENT
 from predictor.kernels.precision import TC_FRACTION
 from predictor.kernels.roofline import FFMA_ISSUE_SHARE
 
@@ -360,10 +361,40 @@ class GPUDatabase:
         return np.ascontiguousarray(np.stack([g.features for g in gpus]))
 
 
+def _with_twin_fractions(gpus: list[GPU], pool: Iterable[GPU]) -> list[GPU]:
+    """`gpus`, each without a measured tensor-core fraction of its own taking
+    a twin's: a GPU of `pool` of the same chip (architecture and SM count)
+    whose spec has one, at the clock this board's power sustains by the
+    cube-root rule of kernels.clocks, the twin taken to run at its rated
+    boost: ``fraction x min(b_t, b_o x (w_t / w_o)^(1/3)) / b_t``, w the board
+    power per SM. An RTX 6000 Ada (300 W) gets the L40S's (350 W) 0.743 x 0.956
+    = 0.710, an L40 (300 W) 0.714; a board with no measured twin keeps the
+    median (precision.TC_FRACTION)."""
+    measured = [g for g in pool if "tensor_core_matmul_fraction" in g.spec
+                and g.features[L.G_CHIP] != 0.0]
+    out = []
+    for g in gpus:
+        f = g.features
+        twins = [t for t in measured if t.features[L.G_CHIP] == f[L.G_CHIP] and t.id != g.id]
+        if "tensor_core_matmul_fraction" in g.spec or not twins \
+                or not (f[L.G_TDP_W] > 0 and f[L.G_CLOCK_MHZ] > 0):
+            out.append(g)
+            continue
+        # The twin nearest in board power: its clock says the most about this one's.
+        o = min(twins, key=lambda t: (abs(t.features[L.G_TDP_W] - f[L.G_TDP_W]), t.id)).features
+        q = (f[L.G_TDP_W] / f[L.G_SMS]) / (o[L.G_TDP_W] / o[L.G_SMS])
+        sustained = min(f[L.G_CLOCK_MHZ], o[L.G_CLOCK_MHZ] * q ** POWER_EXPONENT)
+        row = f.copy()
+        row[L.G_TC_FRACTION] = o[L.G_TC_FRACTION] * sustained / f[L.G_CLOCK_MHZ]
+        out.append(GPU(id=g.id, name=g.name, vendor=g.vendor, features=row, spec=g.spec))
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def _builtin() -> tuple[GPU, ...]:
     text = resources.files("predictor.specs").joinpath("gpus.toml").read_text(encoding="utf-8")
-    return tuple(_parse(text, "predictor/specs/gpus.toml"))
+    gpus = _parse(text, "predictor/specs/gpus.toml")
+    return tuple(_with_twin_fractions(gpus, gpus))
 
 
 _user_gpus: list[GPU] = []
@@ -382,6 +413,7 @@ def load_specs(path: str | Path) -> list[GPU]:
     text = read_text(p, MAX_SPEC_FILE_BYTES, "GPU spec file", SpecError,
                      missing="cannot read spec file (no such file)")
     gpus = _parse(text, printable(p))
+    gpus = _with_twin_fractions(gpus, [*_builtin(), *_user_gpus, *gpus])
     _user_gpus.extend(gpus)
     return gpus
 

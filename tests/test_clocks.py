@@ -137,3 +137,28 @@ def test_weights_without_records_and_damaged_records():
     assert "board record" in opmodel.layout_problem(bad)
     torn = pack({G_MATMUL: random_net(G_MATMUL, 0, [20, 108, 1.0, 2.0, 3.0])})
     assert "SM range" in opmodel.layout_problem(torn)
+
+
+def test_a_board_without_a_measured_tensor_core_fraction_takes_its_twins(tmp_path, monkeypatch):
+    """predictor.hardware: the measured twin's fraction at this board's
+    sustained clock; measured boards and boards without a twin unchanged."""
+    def frac(gid):
+        return hardware.get(gid).features[L.G_TC_FRACTION]
+
+    l40s = 0.743
+    assert frac("L40S") == l40s and frac("RTX-A6000") == 0.797  # their own measurements
+    ada = l40s * min(2505.0, 2520.0 * (300 / 350) ** (1 / 3)) / 2505.0
+    assert frac("RTX-6000-ADA") == pytest.approx(ada, rel=1e-12)
+    assert frac("RTX-6000-ADA") == pytest.approx(0.710, abs=5e-4)
+    assert frac("L40") == pytest.approx(l40s * 2520.0 * (300 / 350) ** (1 / 3) / 2490.0)
+    assert frac("A40") == pytest.approx(0.797)  # same power: the twin's clock, capped at its own
+    assert frac("A10") == 0.80 and frac("V100S") == 0.80  # no measured twin: the median
+    # A user's spec of another board of the L40S's chip, at the L40S's power.
+    spec = tmp_path / "twin.toml"
+    spec.write_text('[[gpu]]\nid = "L40S-TWIN"\nname = "an L40S at 350 W"\n'
+                    'architecture = "ada"\nsms = 142\nboost_clock_mhz = 2520\n'
+                    'memory_bw_gbs = 864\nmemory_gb = 48\nfp32_tflops = 91.6\n'
+                    'fp16_tflops = 362.05\nbf16_tflops = 362.05\ntdp_w = 350\n')
+    monkeypatch.setattr(hardware, "_user_gpus", [])
+    (twin,) = hardware.load_specs(spec)
+    assert twin.features[L.G_TC_FRACTION] == pytest.approx(l40s)
