@@ -30,7 +30,7 @@ import numpy as np
 from predictor import hardware, opmodel
 from predictor.kernels import layout as L
 from predictor.kernels.clocks import clock_ratio
-from predictor.kernels.features import G_CONV, G_MATMUL
+from predictor.kernels.features import G_CONV, G_MATMUL, SM_RANGE_FIELDS
 from predictor.kernels.mlp import HEADER
 from predictor.kernels.optime import op_time_us
 from predictor.kernels.roofline import default_params
@@ -130,8 +130,8 @@ def without_board_clocks(mlp: np.ndarray) -> np.ndarray:
     out = mlp.copy()
     for g in (G_MATMUL, G_CONV):
         h = 1 + HEADER * g
-        if out[h + 9] > 2:
-            out[h + 9] = 2
+        if out[h + 9] > SM_RANGE_FIELDS:
+            out[h + 9] = SM_RANGE_FIELDS
     return out
 
 

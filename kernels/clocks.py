@@ -28,11 +28,12 @@ not fitted. c_r is the reference board's best GEMM efficiency over the best
 of any training board (the 90th percentile of its large compute-bound
 training GEMMs': 1 for the V100 PCIe; below 1 where a board runs its GEMMs
 short of its peak, which this takes for a clock below its boost: the A100
-PCIe 40GB's 0.92, the H200's 0.91, the T4's 0.56). The row's efficiency is scaled by the ratio of sustained
-to rated clock, target over the board its group's kernels came from (o: the
-reference board for GEMMs; for convolutions the board of the conv data,
-the 300 W A100 PCIe 80GB on GA100), in proportion to the row's compute share
-(DRAM bandwidth does not follow the SM clock):
+PCIe 40GB's 0.92, the H200's 0.91, the T4's 0.56). The row's efficiency
+is scaled by the ratio of sustained to rated clock, target over the board
+its group's kernels came from (o: the reference board for GEMMs; for
+convolutions the board of the conv data, the 300 W A100 PCIe 80GB on
+GA100), in proportion to the row's compute share (DRAM bandwidth does not
+follow the SM clock):
 
     eta * (1 + (m - 1) * min(t_compute / t_memory, 1)),
     m = (f_t / b_t) / (f_o / b_o)
@@ -51,12 +52,10 @@ from __future__ import annotations
 from numba import njit
 
 from predictor.kernels import layout as L
-from predictor.kernels.features import G_BMM, G_CONV, G_MATMUL, roofline_us
+from predictor.kernels.features import (BOARD_FIELDS, G_BMM, G_CONV, G_MATMUL, SM_RANGE_FIELDS,
+                                        roofline_us)
 from predictor.kernels.mlp import HEADER, group_aux
 
-# Fields of one board record, after the two numbers of the SM range.
-BOARD_FIELDS = 4
-SM_RANGE_FIELDS = 2
 POWER_EXPONENT = 1.0 / 3.0
 
 
@@ -72,8 +71,9 @@ def _record(aux, chip):
 
 
 @njit(cache=True)
-def _sustained(b, w, f_r, w_r):
-    """A board's sustained clock (MHz) from the chip reference's."""
+def sustained_clock(b, w, f_r, w_r):
+    """The clock (MHz) a board of rated boost `b` and board power per SM `w`
+    sustains, from a board of its chip sustaining `f_r` at `w_r` per SM."""
     return min(b, f_r * (w / w_r) ** POWER_EXPONENT)
 
 
@@ -101,8 +101,8 @@ def clock_ratio(mlp, group, gpu):
             and sms > 0.0 and b_t > 0.0 and gpu[L.G_TDP_W] > 0.0):
         return 1.0
     f_r = c_r * b_r
-    f_t = _sustained(b_t, gpu[L.G_TDP_W] / sms, f_r, w_r)
-    f_o = _sustained(b_o, w_o, f_r, w_r)
+    f_t = sustained_clock(b_t, gpu[L.G_TDP_W] / sms, f_r, w_r)
+    f_o = sustained_clock(b_o, w_o, f_r, w_r)
     return (f_t / b_t) / (f_o / b_o)
 
 

@@ -267,15 +267,25 @@ def sm_clamped(gpu, lo, hi):
     return out
 
 
+# The matmul and conv groups' auxiliary numbers: the SM range (fewest, most),
+# then board records of kernels.clocks of BOARD_FIELDS numbers each.
+SM_RANGE_FIELDS = 2
+BOARD_FIELDS = 4
+
+
+@njit(cache=True)
+def has_sm_range(n_aux):
+    """Whether `n_aux` auxiliary numbers are an SM range and whole board records."""
+    return n_aux >= SM_RANGE_FIELDS and (n_aux - SM_RANGE_FIELDS) % BOARD_FIELDS == 0
+
+
 @njit(cache=True)
 def sm_range(mlp, group):
     """(lo, hi): the SM counts of the GPUs `group`'s network was trained on
     (the batched-GEMM group's are the matmul group's, fitted on every GEMM);
     (0, inf) for weights without them."""
     aux = group_aux(mlp, G_MATMUL if group == G_BMM else group)
-    # The SM range, then the board records of kernels.clocks (4 numbers each).
-    if (group == G_MATMUL or group == G_CONV or group == G_BMM) and aux.shape[0] >= 2 \
-            and (aux.shape[0] - 2) % 4 == 0:
+    if (group == G_MATMUL or group == G_CONV or group == G_BMM) and has_sm_range(aux.shape[0]):
         return aux[0], aux[1]
     return 0.0, math.inf
 

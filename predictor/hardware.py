@@ -19,7 +19,7 @@ import numpy as np
 from predictor.errors import InvalidArgumentError, SpecError, UnknownGPUError
 from predictor.io import MiB, printable, read_text
 from predictor.kernels import layout as L
-from predictor.kernels.clocks import POWER_EXPONENT
+from predictor.kernels.clocks import sustained_clock
 from predictor.kernels.precision import TC_FRACTION
 from predictor.kernels.roofline import FFMA_ISSUE_SHARE
 
@@ -382,8 +382,9 @@ def _with_twin_fractions(gpus: list[GPU], pool: Iterable[GPU]) -> list[GPU]:
             continue
         # The twin nearest in board power: its clock says the most about this one's.
         o = min(twins, key=lambda t: (abs(t.features[L.G_TDP_W] - f[L.G_TDP_W]), t.id)).features
-        q = (f[L.G_TDP_W] / f[L.G_SMS]) / (o[L.G_TDP_W] / o[L.G_SMS])
-        sustained = min(f[L.G_CLOCK_MHZ], o[L.G_CLOCK_MHZ] * q ** POWER_EXPONENT)
+        # (plain Python: the database loads without compiling a kernel)
+        sustained = sustained_clock.py_func(f[L.G_CLOCK_MHZ], f[L.G_TDP_W] / f[L.G_SMS],
+                                            o[L.G_CLOCK_MHZ], o[L.G_TDP_W] / o[L.G_SMS])
         row = f.copy()
         row[L.G_TC_FRACTION] = o[L.G_TC_FRACTION] * sustained / f[L.G_CLOCK_MHZ]
         out.append(GPU(id=g.id, name=g.name, vendor=g.vendor, features=row, spec=g.spec))

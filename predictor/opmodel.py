@@ -38,7 +38,8 @@ def layout_problem(mlp: np.ndarray) -> str | None:
     damaged or foreign array is refused before the numba forward pass reads
     past its end or divides by a zero scale. An empty array is valid: no
     learned models, the analytical model alone."""
-    from predictor.kernels.features import G_BMM, G_CONV, G_MATMUL, N_FEATURES, N_GROUPS
+    from predictor.kernels.features import (BOARD_FIELDS, G_BMM, G_CONV, G_MATMUL, N_FEATURES,
+                                            N_GROUPS, SM_RANGE_FIELDS, has_sm_range)
     from predictor.kernels.tiles import tile_rule_problem
     from predictor.kernels.mlp import HEADER, layer_offsets
     from predictor.kernels.optime import MAX_HIDDEN
@@ -69,12 +70,12 @@ def layout_problem(mlp: np.ndarray) -> str | None:
         if g == G_BMM and n_aux != 0 and tile_rule_problem(int(n_aux)):
             return f"group {g}: {tile_rule_problem(int(n_aux))}"
         if g in (G_MATMUL, G_CONV) and n_aux != 0:
-            # The SM range, then board records (kernels.clocks) of 4 numbers.
-            ok = n_aux >= 2 and (n_aux - 2) % 4 == 0
+            # The SM range, then board records (kernels.clocks).
+            ok = has_sm_range.py_func(int(n_aux))
             lo, hi = mlp[int(a_off):int(a_off) + 2] if ok else (0.0, 0.0)
             if not 0 < lo <= hi:
                 return f"group {g}: the SM range is not two counts, fewest first"
-            boards = mlp[int(a_off) + 2:int(a_off + n_aux)].reshape(-1, 4)
+            boards = mlp[int(a_off) + SM_RANGE_FIELDS:int(a_off + n_aux)].reshape(-1, BOARD_FIELDS)
             if not ((boards[:, 1:3] > 0).all() and (boards[:, 3] >= 0).all()
                     and (boards[:, 3] <= 1).all()):
                 return (f"group {g}: a board record's power per SM, clock or clock "

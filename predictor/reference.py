@@ -344,8 +344,9 @@ def sm_clamped(gpu, lo: float, hi: float) -> list[float]:
 def sm_range(mlp, group: int) -> tuple[float, float]:
     """features.sm_range."""
     aux = group_aux(mlp, features.G_MATMUL if group == features.G_BMM else group)
-    if group in (features.G_MATMUL, features.G_CONV, features.G_BMM) and len(aux) >= 2 \
-            and (len(aux) - 2) % 4 == 0:
+    if group in (features.G_MATMUL, features.G_CONV, features.G_BMM) \
+            and len(aux) >= features.SM_RANGE_FIELDS \
+            and (len(aux) - features.SM_RANGE_FIELDS) % features.BOARD_FIELDS == 0:
         return aux[0], aux[1]
     return 0.0, math.inf
 
@@ -449,7 +450,8 @@ def with_chip(mlp, group: int, eta: float, chip: float) -> float:
 
 def _board_record(aux, chip: float):
     """(power per SM, boost MHz, clock fraction) of `chip`'s board record, or None."""
-    for j in range(2, len(aux) - 3, 4):
+    for j in range(features.SM_RANGE_FIELDS, len(aux) - features.BOARD_FIELDS + 1,
+                   features.BOARD_FIELDS):
         if aux[j] == chip:
             return aux[j + 1], aux[j + 2], aux[j + 3]
     return None

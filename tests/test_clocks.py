@@ -12,7 +12,7 @@ from predictor.engine import model_params
 from predictor.kernels import layout as L
 from predictor.kernels.clocks import clock_ratio, with_board_clock
 from predictor.kernels.features import G_BMM, G_CONV, G_ELEMENTWISE, G_MATMUL
-from predictor.kernels.mlp import group_aux
+from predictor.kernels.mlp import HEADER, group_aux
 from predictor.kernels.optime import op_time_us
 from random_nets import random_net
 
@@ -122,7 +122,7 @@ def test_only_the_compute_share_follows_the_clock():
     slow = with_board_clock(mlp, G_MATMUL, 0.5, L.MATMUL, L.F32, thin, sxm, params)
     assert 0.5 <= slow < 0.5 * (1 + (m - 1) * 0.2)
     assert with_board_clock(mlp, G_MATMUL, 0.999, L.MATMUL, L.F32, big, sxm, params) \
-        <= mlp[1 + 10 * G_MATMUL + 4]  # never past the group's eta_max
+        <= mlp[1 + HEADER * G_MATMUL + 4]  # never past the group's eta_max
     for d in (big, thin):
         assert reference.with_board_clock(list(mlp), G_MATMUL, 0.5, L.MATMUL, L.F32, list(d),
                                           list(sxm), list(params)) == pytest.approx(
