@@ -365,6 +365,11 @@ def main(argv=None) -> int:
                          "O2: a 16-bit model, the default) or under torch.autocast")
     args = ap.parse_args(argv)
     models = None if args.models is None else args.models.split(",")
+    known = sorted({row[0] for row in PUBLISHED} | {row[0] for row in PUBLISHED_INFERENCE})
+    unknown = [m for m in models or () if m not in known]
+    if unknown:
+        ap.error(f"no published figures for {', '.join(unknown)}; the table has "
+                 f"{', '.join(known)}")
     rows = run(models, bert_amp=args.bert_amp)
     print_rows(rows)
     print("\n| publisher | model | precision | GPUs | mean abs error | Spearman across GPUs |")

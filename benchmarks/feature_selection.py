@@ -3,6 +3,7 @@
     python -m benchmarks.feature_selection --group matmul --drop 6 --add l2
     python -m benchmarks.feature_selection --group elementwise --drop 6
     python -m benchmarks.feature_selection --group matmul --no-extra   # the five GPUs alone
+    python -m benchmarks.feature_selection --group conv --no-board-levels
 
 For one model group, trains on four GPUs and scores the fifth's *training*
 shapes (never the test split), for each of the five GPUs, with the features of
@@ -12,6 +13,14 @@ per held-out GPU and per op, and the mean over held-out GPUs without the
 power-throttled P4, the number the feature set was chosen by. Every training
 set also holds the rows of the shipped weights' measured-kernel files (the
 H200's, ``benchmarks.regression.EXTRA``; ``--no-extra`` leaves them out).
+
+The held-out GPU is priced as the shipped weights price a GPU outside the
+data: for the matmul and conv groups, the network's time times the median of
+the training GPUs' offsets from it (``train.chip_corrections``, "other GPUs";
+before 5 Dec 2026 this harness scored the network alone). ``--board-levels``
+/ ``--no-board-levels`` fit the networks with or without a level per GPU
+(``train.fit_group``'s `boards`; default: as the shipped recipe does for the
+group, ``train.LEVEL_GROUPS``).
 
 ``--oracle-dram`` is a bound, not a candidate: memory-bound rows get their
 ideal time (and feature 1) at each GPU's own highest sustained DRAM fraction
@@ -267,8 +276,8 @@ def own_dram_fractions(data: Path) -> dict[str, float]:
     return df[df.bytes_over_l2 >= 16.0].groupby("gpu").fraction.max().to_dict()
 
 
-def model_features(s: D.OpSamples, drop=(), add=(), dram=None):
-    x, ideal, group, target = T.features(s)
+def model_features(s: D.OpSamples, drop=(), add=(), dram=None, tiles=None):
+    x, ideal, group, target = T.features(s, tiles=tiles)
     x = x.copy()
     if dram is not None:
         # Ideal memory time at the GPU's own achievable bandwidth (log2 feature 1).
@@ -284,15 +293,31 @@ def model_features(s: D.OpSamples, drop=(), add=(), dram=None):
     return x, ideal, group, target
 
 
+def other_gpus_offset(model, x, ideal, target, gpus) -> float:
+    """The log offset a GPU outside the data gets: the median over the
+    training GPUs of each one's median log ratio of measured to predicted
+    time (``train.chip_corrections`` per chip; here per GPU, on the rows
+    given)."""
+    log_ratio = np.log(target / model.times_us(x, ideal))
+    gpus = np.asarray(gpus, dtype=str)
+    return float(np.median([np.median(log_ratio[gpus == g]) for g in np.unique(gpus)]))
+
+
 def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: int = 60,
              log=print, head: str = "sigmoid", ensemble: int = 1,
-             oracle_dram: bool = False, extra=()) -> dict[str, dict[str, float]]:
+             oracle_dram: bool = False, extra=(),
+             board_levels: bool | None = None) -> dict[str, dict[str, float]]:
     """MAPE % per held-out GPU and op. `ensemble` > 1: the shipped recipe,
     that many networks distilled into one (``train.fit_distilled``; sigmoid
     head only); 1: a single network, about ensemble + 2 times faster.
     `extra`: measured-kernel files (``benchmarks.measure_kernels``) whose rows
     join every training set, as the shipped weights are trained; their GPUs
-    are not held out (the five of the shared data are)."""
+    are not held out (the five of the shared data are). `board_levels`: fit
+    the networks with a level per GPU (``train.fit_group``'s `boards`);
+    None, as the shipped recipe does for the group (``train.LEVEL_GROUPS``).
+    The held-out GPU is priced by the level-free network times the median of
+    the training GPUs' offsets from it, as a GPU outside the data is
+    (``train.chip_corrections``, "other GPUs")."""
     train = D.load_train(data)
     five = sorted(set(train.gpu))
     if extra:
@@ -300,10 +325,15 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
     tiles_bench.DATA[0] = Path(data)
     dram = own_dram_fractions(data) if oracle_dram else None
     featurize = lambda s: model_features(s, drop, add, dram)  # noqa: E731
+    if board_levels is None:
+        board_levels = group in T.LEVEL_GROUPS
     out = {}
     for held in five:
         fit_on = train.subset(train.gpu != held)
         ev = train.subset(train.gpu == held)
+        if group == features.G_BMM:  # batched GEMMs under the tile rule of the training GEMMs
+            tiles = T.tile_rule(fit_on)
+            featurize = lambda s: model_features(s, drop, add, dram, tiles)  # noqa: E731
         x, ideal, g, t = featurize(fit_on)
         mask = g == group
         xe, ie, ge, te = featurize(ev)
@@ -315,15 +345,19 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
             if head != "sigmoid":
                 raise ValueError("the distilled recipe has the sigmoid head only")
             model = T.fit_distilled(group, fit_on.subset(mask), seed=seed, epochs=epochs,
-                                    ensemble=ensemble, featurize=featurize)
+                                    ensemble=ensemble, featurize=featurize,
+                                    levels=(group,) if board_levels else ())
         else:
             xm, im, _, _ = featurize(T.doubled(fit_on, seed))
             probes = T.probe_features(group, fit_on.subset(mask), seed, featurize)
             harness = fit_on.harness[mask] if fit_on.harness.any() else None
             model = T.fit_group(group, x[mask], ideal[mask], t[mask], x_more=xm[mask],
                                 ideal_more=im[mask], probes=probes, seed=seed + group,
-                                epochs=epochs, head=head, harness=harness)
-        err = np.abs(model.times_us(xe[em], ie[em]) - te[em]) / te[em] * 100.0
+                                epochs=epochs, head=head, harness=harness,
+                                boards=fit_on.gpu[mask] if board_levels else None)
+        offset = np.exp(other_gpus_offset(model, x[mask], ideal[mask], t[mask], fit_on.gpu[mask])) \
+            if group in T.OTHER_CHIPS_GROUPS else 1.0
+        err = np.abs(model.times_us(xe[em], ie[em]) * offset - te[em]) / te[em] * 100.0
         fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
         log(f"  {held:<16} {time.perf_counter() - t0:5.1f} s  " +
@@ -347,6 +381,9 @@ def main(argv=None) -> int:
                     help="networks distilled into one, as the shipped weights are trained "
                     f"(train.ENSEMBLE = {T.ENSEMBLE}); default 1, a single network")
     add_extra_arguments(ap)
+    ap.add_argument("--board-levels", action=argparse.BooleanOptionalAction, default=None,
+                    help="fit the networks with a level per GPU (default: as the shipped "
+                         f"recipe does for the group, {', '.join(features.GROUP_NAMES[g] for g in T.LEVEL_GROUPS)})")
     ap.add_argument("--oracle-dram", action="store_true",
                     help="a bound: memory-bound rows priced at each GPU's own highest "
                          "sustained DRAM fraction (reads the held-out GPU's data)")
@@ -363,11 +400,14 @@ def main(argv=None) -> int:
                      f"{', '.join([*CANDIDATES, *FROM_FEATURES])}")
     res = validate(Path(args.data), features.GROUP_NAMES.index(args.group), drop=drop, add=add,
                    seed=args.seed, epochs=args.epochs, head=args.head, ensemble=args.ensemble,
-                   oracle_dram=args.oracle_dram, extra=extra_files(args))
+                   oracle_dram=args.oracle_dram, extra=extra_files(args),
+                   board_levels=args.board_levels)
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
     oracle = " oracle-dram" if args.oracle_dram else ""
-    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed}{oracle}: "
+    group = features.GROUP_NAMES.index(args.group)
+    levels = args.board_levels if args.board_levels is not None else group in T.LEVEL_GROUPS
+    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed}{oracle} board-levels={'on' if levels else 'off'}: "
           "mean over held-out GPUs except P4: " +
           "  ".join(f"{k} {v:.1f}" for k, v in mean.items()))
     if "P4" in res:

@@ -191,7 +191,7 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
               x_more: np.ndarray | None = None, ideal_more: np.ndarray | None = None,
               probes: tuple | None = None, harness: np.ndarray | None = None,
               seed: int = 0, epochs: int = 60, hidden=HIDDEN, batch: int = 2048,
-              progress=None, head: str = "sigmoid") -> GroupModel:
+              progress=None, head: str = "sigmoid", boards=None) -> GroupModel:
     """Fit one group's network and floor by minimising squared log error.
 
     `harness`: per sample, the timing harness that measured it
@@ -208,7 +208,16 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     `head`: "sigmoid", the shipped output, eta = eta_max * sigmoid(z); or
     "waves" (benchmarks.feature_selection only: not packable), NeuSight's
     shape of a utilisation that one wave's start-up lowers, eta = eta_max *
-    sigmoid(z0) * (1 - sigmoid(z1) / waves), waves from feature 5 (log2)."""
+    sigmoid(z0) * (1 - sigmoid(z1) / waves), waves from feature 5 (log2).
+
+    `boards`: per sample, the GPU that measured it. Given, each GPU gets a
+    level of its own, a bias on the network's logit fitted beside it (centred
+    over the GPUs) and left out of the returned model: the network learns
+    what the shapes do on every GPU, the levels what sets one board apart
+    (its sustained clock, its library's kernels), which no input can tell it
+    for a GPU it has not seen. The returned network is the centred board's;
+    `chip_corrections` then measures each chip's offset from it (see
+    LEVEL_GROUPS)."""
     import torch
 
     if head not in ("sigmoid", "waves"):
@@ -250,19 +259,29 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     floor_raw = torch.nn.Parameter(torch.tensor([float(np.log(np.expm1(max(np.percentile(
         target_us[harness == h] if (harness == h).any() else target_us, 1) * 0.8, 1.0))))
         for h in range(int(harness.max()) + 1)]))
-    opt = torch.optim.Adam(list(net.parameters()) + [floor_raw], lr=3e-3)
+    if boards is None:
+        board_idx = torch.zeros(len(x), dtype=torch.int64)
+        n_boards = 1
+    else:
+        names, codes = np.unique(np.asarray(boards, dtype=str), return_inverse=True)
+        board_idx, n_boards = torch.tensor(codes.astype(np.int64)), len(names)
+    level = torch.nn.Parameter(torch.zeros(n_boards))
+    params = list(net.parameters()) + [floor_raw] + ([level] if boards is not None else [])
+    opt = torch.optim.Adam(params, lr=3e-3)
     n = len(xt)
     steps = max(1, epochs * ((n + batch - 1) // batch))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
 
-    def predicted(xs, ideal_s, floor):
-        """The model's time (us) of ops with normalised features `xs`."""
+    def predicted(xs, ideal_s, floor, bias=0.0):
+        """The model's time (us) of ops with normalised features `xs`, on
+        boards of logit level `bias`."""
         z = net(xs)
         if head == "waves":
             waves = torch.exp2(xs[:, 5] * log_waves_std + log_waves_mean)
-            eta = torch.sigmoid(z[:, 0]) * (1.0 - torch.sigmoid(z[:, 1]) / torch.clamp(waves, 1.0))
+            eta = torch.sigmoid(z[:, 0] + bias) \
+                * (1.0 - torch.sigmoid(z[:, 1]) / torch.clamp(waves, 1.0))
         else:
-            eta = torch.sigmoid(z.squeeze(-1))
+            eta = torch.sigmoid(z.squeeze(-1) + bias)
         return floor + ideal_s / (eta_max * eta)
 
     def not_above(t, limit):
@@ -275,18 +294,19 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
         for s in range(0, n, batch):
             idx = order[s:s + batch]
             floor = torch.nn.functional.softplus(floor_raw)[hidx[idx]]
-            pred = predicted(xt[idx], it[idx], floor)
+            bias = (level - level.mean())[board_idx[idx]]
+            pred = predicted(xt[idx], it[idx], floor, bias)
             loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
             # The same op on a better GPU must not be predicted slower.
             for x_better, sc, sm in better:
                 ideal2 = torch.maximum(t_c[idx] * sc, t_m[idx] * sm)
-                loss = loss + not_above(predicted(x_better[idx], ideal2, floor), pred)
+                loss = loss + not_above(predicted(x_better[idx], ideal2, floor, bias), pred)
             # Twice the work must not be predicted faster.
             if x_more is not None:
-                loss = loss + not_above(pred, predicted(xm[idx], im[idx], floor))
+                loss = loss + not_above(pred, predicted(xm[idx], im[idx], floor, bias))
             if probes is not None:
-                loss = loss + not_above(predicted(xp[idx], ip[idx], floor),
-                                        predicted(xpm[idx], ipm[idx], floor))
+                loss = loss + not_above(predicted(xp[idx], ip[idx], floor, bias),
+                                        predicted(xpm[idx], ipm[idx], floor, bias))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -304,6 +324,15 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     return GroupModel(group, mean, std, layers, floors[0], eta_max,
                       harness_floors_us=tuple(floors[1:]))
 
+
+# Groups whose ensemble networks are fitted with a level per GPU (`fit_group`'s
+# `boards`). Chosen by leave-one-GPU-out validation on the held-out GPUs'
+# training shapes (`python -m benchmarks.feature_selection --group G
+# --board-levels`, benchmarks/README.md, "A level per board, fitted beside the
+# networks"): the GEMM and convolution networks generalise better when they
+# need not tell the boards' levels apart through their inputs; the
+# memory-bound groups' do not.
+LEVEL_GROUPS = (G_MATMUL, G_BMM, G_CONV)
 
 # Networks fitted per group, each from its own seed, before distillation.
 # Networks fitted to a few GPUs agree where the data is and disagree where a
@@ -350,7 +379,8 @@ def probe_features(group: int, samples: OpSamples, seed: int, featurize) -> tupl
 
 
 def fit_distilled(group: int, samples: OpSamples, *, seed: int = 0, epochs: int = 60,
-                  ensemble: int = ENSEMBLE, featurize=None, progress=None) -> GroupModel:
+                  ensemble: int = ENSEMBLE, featurize=None, progress=None,
+                  levels=LEVEL_GROUPS) -> GroupModel:
     """One group's network: `ensemble` networks fitted to the measurements
     of `samples` (all of this group) from different seeds, then one network
     of the same size fitted to their geometric mean, on the measured shapes
@@ -363,13 +393,15 @@ def fit_distilled(group: int, samples: OpSamples, *, seed: int = 0, epochs: int 
     `featurize`: samples -> (features, ideal, group, target), `features` by
     default. `ensemble=1` is a single network (no distillation)."""
     return fit_distilled_groups([(group, samples, featurize)], seed=seed, epochs=epochs,
-                                ensemble=ensemble, progress=progress)[group]
+                                ensemble=ensemble, progress=progress, levels=levels)[group]
 
 
 def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int = ENSEMBLE,
-                         progress=None) -> dict[int, GroupModel]:
+                         progress=None, levels=LEVEL_GROUPS) -> dict[int, GroupModel]:
     """`fit_distilled` for several groups, `plan` [(group, samples,
-    featurize)], with every fit of every group on one pool of processes
+    featurize)]. The ensemble's networks of the groups in `levels` are fitted
+    with a level per GPU (`fit_group`'s `boards`); the distilled network
+    learns their level-free mean. Every fit of every group runs on one pool of processes
     (`training_workers`): the ensembles' networks first, then each group's
     distilled network as its ensemble is done, so that no core waits while
     one group distils. Each fit is seeded and single-threaded, so the result
@@ -386,8 +418,10 @@ def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int
         x_more, ideal_more, _, _ = featurize(doubled(samples, seed))
         probes = probe_features(group, samples, seed, featurize)
         harness = samples.harness if samples.harness.any() else None
+        boards = samples.gpu if group in levels else None
         fits = [dict(x_more=x_more, ideal_more=ideal_more, probes=probes, harness=harness,
-                     seed=seed + group + 101 * k, epochs=epochs) for k in range(ensemble)]
+                     seed=seed + group + 101 * k, epochs=epochs, boards=boards)
+                for k in range(ensemble)]
         prepared.append((group, samples, featurize, (x, ideal, target), fits))
 
     def distill_inputs(group, samples, featurize, teachers):

@@ -116,3 +116,12 @@ def test_implied_memory_factor_leaves_the_gemm_rows_as_priced():
     assert r["published_ms"] == pytest.approx(80.0)
     assert r["factor"] == pytest.approx(40.0 / 60.0)
     assert r["memory"] == "GDDR6X" and r["l2_mb"] == 72
+
+
+def test_an_unknown_model_is_a_one_line_error_naming_the_table(capsys):
+    from benchmarks import amp_published as A
+    with pytest.raises(SystemExit) as exc:
+        A.main(["--models", "bert-large"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no published figures for bert-large" in err and "bert-large-squad" in err

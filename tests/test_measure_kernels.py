@@ -307,3 +307,56 @@ def test_model_gemms_are_timed_after_the_op_files_and_train_as_linear_and_bmm_ro
                       model_max_elements=1e6, log=said.append)
     assert any(line.startswith("  gpt2: not traced (") for line in said)
     assert set(again.loc[again["Model"].notna(), "Model"]) == {"gpt2 1x16"}
+
+
+def _two_boards(n=1200, ratio=1.5):
+    """Kernels whose efficiency follows one feature, measured on two boards
+    that run every shape `ratio` times slower / faster than their middle;
+    the fast board measured only the upper half of that feature's range."""
+    from predictor.kernels.features import N_FEATURES
+
+    rng = np.random.default_rng(1)
+    x = np.zeros((n, N_FEATURES))
+    x[:, 7] = rng.normal(size=n)
+    ideal = np.exp(rng.uniform(np.log(5.0), np.log(50000.0), n))   # us
+    x[:, 0] = x[:, 1] = np.log2(ideal)
+    eta = 0.3 + 0.4 / (1.0 + np.exp(-x[:, 7]))
+    boards = np.where((np.arange(n) % 2 == 0) | (x[:, 7] < 0.0), "slow", "fast")
+    target = 20.0 + ideal / eta * np.where(boards == "slow", ratio, 1.0 / ratio)
+    return x, ideal, target, boards
+
+
+def test_a_level_per_board_is_fitted_beside_the_network_and_left_out_of_it():
+    """fit_group's `boards`: each board gets a level of its own, centred, and
+    the returned network is the boards' middle: each board sits its level
+    off it (the per-chip corrections measure that), and within a board the
+    shape effect is fitted. Without the levels, one network has to fit the
+    slow board alone where the fast one has no measurement and both where it
+    has: the shape effect bends at the edge of the fast board's range."""
+    from predictor.calibration import train as T
+
+    x, ideal, target, boards = _two_boards()
+    m = T.fit_group(0, x, ideal, target, boards=boards, epochs=40, batch=64)
+    assert m.floor_us == pytest.approx(20.0, rel=0.25)
+    r = np.log((target - 20.0) / (m.times_us(x, ideal) - m.floor_us))
+    slow, fast = np.median(r[boards == "slow"]), np.median(r[boards == "fast"])
+    assert slow == pytest.approx(np.log(1.5), abs=0.1)
+    assert fast == pytest.approx(-np.log(1.5), abs=0.1)
+    assert np.median(np.abs(r[boards == "slow"] - slow)) < 0.05
+    assert np.median(np.abs(r[boards == "fast"] - fast)) < 0.05
+    one = T.fit_group(0, x, ideal, target, epochs=40, batch=64)
+    r = np.log((target - 20.0) / (one.times_us(x, ideal) - one.floor_us))
+    assert np.median(np.abs(r[boards == "slow"] - np.median(r[boards == "slow"]))) > 0.1
+
+
+def test_one_board_has_no_level_to_fit():
+    """A single board's centred level is 0: the same network as without `boards`."""
+    from predictor.calibration import train as T
+
+    x, ideal, target, _ = _two_boards(n=400)
+    a = T.fit_group(0, x, ideal, target, boards=np.full(len(x), "T4"), epochs=3, batch=64)
+    b = T.fit_group(0, x, ideal, target, epochs=3, batch=64)
+    for la, lb in zip(a.layers, b.layers):
+        for p, q in zip(la, lb):
+            assert np.array_equal(p, q)
+    assert a.floor_us == b.floor_us
