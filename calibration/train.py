@@ -211,8 +211,10 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     sigmoid(z0) * (1 - sigmoid(z1) / waves), waves from feature 5 (log2).
 
     `boards`: per sample, the GPU that measured it. Given, each GPU gets a
-    level of its own, a bias on the network's logit fitted beside it (centred
-    over the GPUs) and left out of the returned model: the network learns
+    level of its own, a factor on the network's efficiency fitted beside it
+    (log-centred over the GPUs; applied as a chip correction is, the
+    efficiency capped at eta_max) and left out of the returned model: the
+    network learns
     what the shapes do on every GPU, the levels what sets one board apart
     (its sustained clock, its library's kernels), which no input can tell it
     for a GPU it has not seen. The returned network is the centred board's;
@@ -272,17 +274,20 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     steps = max(1, epochs * ((n + batch - 1) // batch))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
 
-    def predicted(xs, ideal_s, floor, bias=0.0):
+    def predicted(xs, ideal_s, floor, level=None):
         """The model's time (us) of ops with normalised features `xs`, on
-        boards of logit level `bias`."""
+        boards of log efficiency `level` (as a chip correction applies:
+        the efficiency times exp(level), at most eta_max)."""
         z = net(xs)
         if head == "waves":
             waves = torch.exp2(xs[:, 5] * log_waves_std + log_waves_mean)
-            eta = torch.sigmoid(z[:, 0] + bias) \
-                * (1.0 - torch.sigmoid(z[:, 1]) / torch.clamp(waves, 1.0))
+            eta = torch.sigmoid(z[:, 0]) * (1.0 - torch.sigmoid(z[:, 1]) / torch.clamp(waves, 1.0))
         else:
-            eta = torch.sigmoid(z.squeeze(-1) + bias)
-        return floor + ideal_s / (eta_max * eta)
+            eta = torch.sigmoid(z.squeeze(-1))
+        eta = eta_max * eta
+        if level is not None:
+            eta = torch.clamp(eta * torch.exp(level), max=eta_max)
+        return floor + ideal_s / eta
 
     def not_above(t, limit):
         """Penalty on `t` exceeding `limit` (the monotonicity constraints)."""
@@ -294,7 +299,7 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
         for s in range(0, n, batch):
             idx = order[s:s + batch]
             floor = torch.nn.functional.softplus(floor_raw)[hidx[idx]]
-            bias = (level - level.mean())[board_idx[idx]]
+            bias = (level - level.mean())[board_idx[idx]] if boards is not None else None
             pred = predicted(xt[idx], it[idx], floor, bias)
             loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
             # The same op on a better GPU must not be predicted slower.
