@@ -383,7 +383,8 @@ def main(argv=None) -> int:
     add_extra_arguments(ap)
     ap.add_argument("--board-levels", action=argparse.BooleanOptionalAction, default=None,
                     help="fit the networks with a level per GPU (default: as the shipped "
-                         f"recipe does for the group, {', '.join(features.GROUP_NAMES[g] for g in T.LEVEL_GROUPS)})")
+                         "recipe does for the group, train.LEVEL_GROUPS: " +
+                         (", ".join(features.GROUP_NAMES[g] for g in T.LEVEL_GROUPS) or "none") + ")")
     ap.add_argument("--oracle-dram", action="store_true",
                     help="a bound: memory-bound rows priced at each GPU's own highest "
                          "sustained DRAM fraction (reads the held-out GPU's data)")
