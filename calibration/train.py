@@ -217,8 +217,7 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     `boards`: per sample, the GPU that measured it. Given, each GPU gets a
     level of its own, a bias on the network's logit fitted beside it, and the
     returned network is the median board's (its levels in `board_levels`):
-    the network learns
-    what the shapes do on every GPU, the levels what sets one board apart
+    the network learns what the shapes do on every GPU, the levels what sets one board apart
     (its sustained clock, its library's kernels), which no input can tell it
     for a GPU it has not seen (see LEVEL_GROUPS)."""
     import torch
