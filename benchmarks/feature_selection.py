@@ -399,15 +399,15 @@ def main(argv=None) -> int:
         if a not in CANDIDATES and a not in FROM_FEATURES:
             ap.error(f"unknown candidate {a!r}; choose from "
                      f"{', '.join([*CANDIDATES, *FROM_FEATURES])}")
-    res = validate(Path(args.data), features.GROUP_NAMES.index(args.group), drop=drop, add=add,
+    group = features.GROUP_NAMES.index(args.group)
+    levels = args.board_levels if args.board_levels is not None else group in T.LEVEL_GROUPS
+    res = validate(Path(args.data), group, drop=drop, add=add,
                    seed=args.seed, epochs=args.epochs, head=args.head, ensemble=args.ensemble,
                    oracle_dram=args.oracle_dram, extra=extra_files(args),
-                   board_levels=args.board_levels)
+                   board_levels=levels)
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
     oracle = " oracle-dram" if args.oracle_dram else ""
-    group = features.GROUP_NAMES.index(args.group)
-    levels = args.board_levels if args.board_levels is not None else group in T.LEVEL_GROUPS
     print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed}{oracle} board-levels={'on' if levels else 'off'}: "
           "mean over held-out GPUs except P4: " +
           "  ".join(f"{k} {v:.1f}" for k, v in mean.items()))

@@ -96,19 +96,21 @@ class GroupModel:
     # at their levels (`fit_distilled_groups`).
     board_levels: dict | None = None
 
-    def times_us(self, x: np.ndarray, ideal: np.ndarray) -> np.ndarray:
+    def times_us(self, x: np.ndarray, ideal: np.ndarray, level=0.0) -> np.ndarray:
         """The isolated-op time (us) of feature rows `x` with ideal times
         `ideal`, in numpy (any feature width; either output head of
-        `fit_group`). No per-chip correction."""
+        `fit_group`), on boards of `level` (per row or one; added to the
+        logit, as `fit_group` fits `board_levels`). No per-chip correction."""
         z = (x - self.mean) / self.std
         (w1, b1), (w2, b2), (w3, b3) = self.layers
         h = np.tanh(np.tanh(z @ w1.T + b1) @ w2.T + b2)
         if np.ndim(w3) == 2:  # head "waves": eta_max * sigmoid(z0) * (1 - sigmoid(z1) / waves)
             out = h @ w3.T + b3
             waves = np.maximum(np.exp2(x[:, 5]), 1.0)
-            eta = (1.0 / (1.0 + np.exp(-out[:, 0]))) * (1.0 - 1.0 / (1.0 + np.exp(-out[:, 1])) / waves)
+            eta = (1.0 / (1.0 + np.exp(-(out[:, 0] + level)))) \
+                * (1.0 - 1.0 / (1.0 + np.exp(-out[:, 1])) / waves)
         else:
-            eta = 1.0 / (1.0 + np.exp(-(h @ w3 + b3)))
+            eta = 1.0 / (1.0 + np.exp(-(h @ w3 + b3 + level)))
         return self.floor_us + ideal / (self.eta_max * eta)
 
     def flat(self) -> np.ndarray:
@@ -261,14 +263,12 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     floor_raw = torch.nn.Parameter(torch.tensor([float(np.log(np.expm1(max(np.percentile(
         target_us[harness == h] if (harness == h).any() else target_us, 1) * 0.8, 1.0))))
         for h in range(int(harness.max()) + 1)]))
-    if boards is None:
-        board_idx = torch.zeros(len(x), dtype=torch.int64)
-        n_boards = 1
-    else:
+    params = list(net.parameters()) + [floor_raw]
+    if boards is not None:
         names, codes = np.unique(np.asarray(boards, dtype=str), return_inverse=True)
-        board_idx, n_boards = torch.tensor(codes.astype(np.int64)), len(names)
-    level = torch.nn.Parameter(torch.zeros(n_boards))
-    params = list(net.parameters()) + [floor_raw] + ([level] if boards is not None else [])
+        board_idx = torch.tensor(codes.astype(np.int64))
+        level = torch.nn.Parameter(torch.zeros(len(names)))
+        params.append(level)
     opt = torch.optim.Adam(params, lr=3e-3)
     n = len(xt)
     steps = max(1, epochs * ((n + batch - 1) // batch))
@@ -296,7 +296,7 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
         for s in range(0, n, batch):
             idx = order[s:s + batch]
             floor = torch.nn.functional.softplus(floor_raw)[hidx[idx]]
-            bias = (level - level.mean())[board_idx[idx]]
+            bias = (level - level.mean())[board_idx[idx]] if boards is not None else 0.0
             pred = predicted(xt[idx], it[idx], floor, bias)
             loss = ((torch.log(pred) - yt[idx]) ** 2).mean()
             # The same op on a better GPU must not be predicted slower.
@@ -418,8 +418,9 @@ def fit_distilled_groups(plan, *, seed: int = 0, epochs: int = 60, ensemble: int
     """`fit_distilled` for several groups, `plan` [(group, samples,
     featurize)]. The ensemble's networks of the groups in `levels` are fitted
     with a level per GPU (`fit_group`'s `boards`); the distilled network
-    learns their level-free mean. Every fit of every group runs on one pool of processes
-    (`training_workers`): the ensembles' networks first, then each group's
+    learns their mean with the measured GPUs at their levels and every other
+    GPU at the median board's (`at_board_levels`). Every fit of every group
+    runs on one pool of processes (`training_workers`): the ensembles' networks first, then each group's
     distilled network as its ensemble is done, so that no core waits while
     one group distils. Each fit is seeded and single-threaded, so the result
     does not depend on where or in which order it runs."""
@@ -490,9 +491,8 @@ def at_board_levels(model: GroupModel, x: np.ndarray, ideal: np.ndarray, gpus) -
     the distilled network learns, so that the GPUs of the data keep their
     own levels (the per-chip corrections then measure little) and every
     other GPU gets the median board's network."""
-    t = model.times_us(x, ideal)
     if not model.board_levels:
-        return t
+        return model.times_us(x, ideal)
     db = hardware.database()
     chip_of = {g: float(db.get(g).features[L.G_CHIP]) for g in set(gpus) | set(model.board_levels)}
     by_chip = {}
@@ -500,12 +500,7 @@ def at_board_levels(model: GroupModel, x: np.ndarray, ideal: np.ndarray, gpus) -
         by_chip.setdefault(chip_of[g], []).append(v)
     level = np.array([model.board_levels.get(g, float(np.mean(by_chip.get(chip_of[g], [0.0]))))
                       for g in gpus])
-    if not level.any():
-        return t
-    # Back to the logit, shifted, and forward again.
-    eta = np.clip(ideal / np.maximum(t - model.floor_us, 1e-12) / model.eta_max, 1e-9, 1 - 1e-9)
-    eta = 1.0 / (1.0 + np.exp(-(np.log(eta / (1.0 - eta)) + level)))
-    return model.floor_us + ideal / (model.eta_max * eta)
+    return model.times_us(x, ideal, level)
 
 
 def with_harness_floors(student: GroupModel, teachers: list[GroupModel]) -> GroupModel:
