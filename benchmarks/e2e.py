@@ -830,8 +830,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0,
                     help="with --logo: the op models' training seed (default 0, the shipped "
                     "recipe's)")
+    ap.add_argument("--label-gemms", type=int, default=0, metavar="N",
+                    help="with --logo: also train on the forward GEMM nodes of the training "
+                    "GPUs' per-node label files, each repeated N times (a check, not the "
+                    "shipped recipe: benchmarks/README.md, 'The per-node files' GEMMs as "
+                    "training rows')")
     add_extra_arguments(ap, "with --logo: ")
     args = ap.parse_args(argv)
+    if args.label_gemms and not args.logo:
+        ap.error("--label-gemms applies to --logo only")
+    if args.label_gemms < 0:
+        ap.error("--label-gemms: expected 0 or more repeats")
     if (args.extra or args.no_extra) and not args.logo:
         ap.error("--extra and --no-extra apply to --logo only (for weights trained with "
                  "another GPU's kernels: predictor train-models --extra FILE --out DIR, then "
@@ -857,8 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed and not args.logo:
         ap.error("--seed applies to --logo only (the shipped weights are seed 0; for other "
                  "seeds' weights: predictor train-models --seed N --out DIR, then --weights)")
-    weights_for = logo_weights(args.data, labels, log, seed=args.seed,
-                               extra=args.extra) if args.logo else None
+    weights_for = logo_weights(args.data, labels, log, seed=args.seed, extra=args.extra,
+                               label_gemms=args.label_gemms) if args.logo else None
     if args.weights is not None:
         from predictor.opmodel import read_weights
 
@@ -887,13 +896,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None, seed: int = 0,
-                 extra=()):
+                 extra=(), label_gemms: int = 0):
     """Op-model weights per label GPU, each trained (the shipped recipe, seed
     0 unless `seed` says otherwise) on the per-kernel files of the other GPUs.
     Boards of the same chip (same architecture and SM count: A100-PCIE-40GB
     and -80GB) leave together. `train_fn` replaces ``T.train`` (same signature).
     `extra`: measured-kernel files of other GPUs (``datasets.load_measured``),
-    in every set whose held-out chip they are not."""
+    in every set whose held-out chip they are not. `label_gemms`: that many
+    copies of the per-node label files' forward GEMMs
+    (``datasets.load_label_gemms``) join the training set; the held-out
+    chip's leave with the rest of its rows."""
     from predictor import hardware
     from predictor.calibration import datasets as D
     from predictor.calibration import train as T
@@ -901,6 +913,9 @@ def logo_weights(data: Path, labels: list[Label], log=print, train_fn=None, seed
 
     samples = D.load_train(data, extra=extra, log=log)
     trained = sorted(set(samples.gpu))
+    if label_gemms:
+        nodes = D.load_label_gemms(data, gpus=set(trained))
+        samples = D.OpSamples.concat([samples] + [nodes] * label_gemms)
 
     def chip(gpu_id):
         g = hardware.get(gpu_id)

@@ -8,6 +8,7 @@ features they will see at prediction time. The data is read from a path
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,3 +253,72 @@ def load_test(data: str | Path, ops=OPS) -> OpSamples:
         for op in sorted(set(df["OPName"]) & set(ops)):
             parts.append(_from_frame(op, df[df["OPName"] == op]))
     return OpSamples.concat(parts)
+
+
+# The per-node label files (``labels/<GPU>/<label>.csv``: each node of a
+# single-layer copy of a model, timed alone, forward and backward) hold the
+# data's only unbatched `x @ W` GEMMs (GPT-2's Conv1D, `addmm` nodes) and its
+# only model-shaped `x @ W^T` ones (`nn.Linear` modules). `load_label_gemms`
+# reads their forward GEMMs as matmul rows of a timing harness of their own
+# (a node timed from Python pays more than a kernel's launch). Not in the
+# shipped training set: as extra rows of the training GPUs they made
+# leave-one-GPU-out iterations worse (benchmarks/README.md, "The per-node
+# files' GEMMs as training rows"); `benchmarks.e2e --logo --label-gemms N`
+# repeats that check.
+LABEL_GEMM_HARNESS = 2
+# A linear module of the label models by its attribute name.
+LABEL_LINEAR_MODULES = frozenset({
+    "dense", "query", "key", "value", "q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2",
+    "lm_head", "decoder", "classifier", "seq_relationship"})
+# Nodes shorter than this are left out: the node harness's fixed cost dominates.
+LABEL_GEMM_MIN_MS = 0.05
+
+
+def _shape_list(text) -> list | None:
+    try:
+        value = ast.literal_eval(str(text))
+    except (ValueError, SyntaxError):
+        return None
+    return value if isinstance(value, (list, tuple)) else None
+
+
+def load_label_gemms(data: str | Path, gpus=None) -> OpSamples:
+    """The forward GEMM nodes of the per-node label files (of `gpus` only,
+    spec ids, where given) as matmul rows: an `nn.Linear` module as
+    `x @ W^T` (layout GEMM_B_T) over every row of its input, an `addmm` node
+    (`bias, x[M, K], W[K, N]`) as `x @ W`."""
+    data = _check(data)
+    gpu_of, rows = {}, []
+    for f in sorted((data / "labels").glob("*/*.csv")):
+        board = f.parent.name
+        if board not in gpu_of:
+            gpu_of[board] = hardware.get(board.replace("_", " ")).id
+        gpu = gpu_of[board]
+        if gpus is not None and gpu not in gpus:
+            continue
+        df = pd.read_csv(f)
+        for op, target, name, shapes, out, ms in zip(
+                df["op"], df["target"].astype(str), df["Name"].astype(str), df["input_shapes"],
+                df["output_shape"], pd.to_numeric(df["fw_latency"], errors="coerce")):
+            if not ms > LABEL_GEMM_MIN_MS:
+                continue
+            ins = _shape_list(shapes)
+            if op == "call_module" and target.split(".")[-1] in LABEL_LINEAR_MODULES:
+                outs = _shape_list(out)
+                if not ins or not outs:
+                    continue
+                x = ins[0]
+                rows.append((gpu, (1, int(np.prod(x[:-1])), int(outs[-1]), int(x[-1])),
+                             L.GEMM_B_T, float(ms)))
+            elif op == "call_function" and name.startswith("addmm") and ins and len(ins) == 3:
+                _, a, b = ins
+                rows.append((gpu, (1, int(a[0]), int(b[1]), int(a[1])), 0, float(ms)))
+    dims = np.zeros((len(rows), L.MAX_DIMS), dtype=np.int64)
+    for i, (_, d4, layout, _) in enumerate(rows):
+        dims[i, :4] = d4
+        dims[i, L.GEMM_LAYOUT] = layout
+    n = len(rows)
+    return OpSamples(np.full(n, "linear_node", dtype=object), np.full(n, L.MATMUL, dtype=np.int64),
+                     dims, np.array([r[0] for r in rows], dtype=object),
+                     np.array([r[3] for r in rows], dtype=np.float64),
+                     harness=np.full(n, LABEL_GEMM_HARNESS, dtype=np.int64))

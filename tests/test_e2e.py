@@ -133,3 +133,46 @@ def test_protocol_edits_of_a_graph():
     acc = np.asarray(m.ops.op_names, dtype=object)[m.ops.op] == e2e.ACCUMULATE_OP
     assert m.ops.count[acc].sum() == 3 and (m.ops.phase[acc] == L.BACKWARD).all()
     assert m.host_ops == [8, 9, 0]
+
+
+def test_label_gemms_reads_linear_modules_and_addmm_nodes(tmp_path):
+    """The per-node files' forward GEMMs: an nn.Linear module over a [B, S, in]
+    input as x @ W^T of B*S rows, an addmm node as x @ W; short nodes and other
+    nodes are left out; a board's rows only where it is asked for."""
+    import csv
+
+    from predictor.calibration import datasets as D
+    from predictor.kernels import layout as L
+
+    (tmp_path / "train").mkdir()
+    cols = ["op", "target", "Name", "input_shapes", "output_shape", "fw_latency"]
+    nodes = [
+        ("call_module", "bert.encoder.layer.0.intermediate.dense", "dense",
+         "[[8, 512, 1024]]", "(8, 512, 4096)", 3.0),
+        ("call_function", "<built-in method addmm>", "addmm_2",
+         "[[5120], [1024, 1280], [1280, 5120]]", "(1024, 5120)", 1.2),
+        ("call_module", "bert.encoder.layer.0.output.LayerNorm", "ln",
+         "[[8, 512, 1024]]", "(8, 512, 1024)", 0.2),
+        ("call_module", "bert.encoder.layer.0.attention.self.key", "key",
+         "[[1, 4, 8]]", "(1, 4, 8)", 0.01),
+    ]
+    for board in ("Tesla_T4", "Tesla_V100-PCIE-32GB"):
+        (tmp_path / "labels" / board).mkdir(parents=True)
+        with open(tmp_path / "labels" / board / "m-inf-512-8.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(cols)
+            w.writerows(nodes)
+    s = D.load_label_gemms(tmp_path)
+    assert len(s) == 4 and set(s.gpu) == {"T4", "V100-PCIE-32GB"}
+    assert (s.family == L.MATMUL).all() and (s.harness == D.LABEL_GEMM_HARNESS).all()
+    t4 = s.subset(s.gpu == "T4")
+    assert t4.dims[:, :4].tolist() == [[1, 4096, 4096, 1024], [1, 1024, 5120, 1280]]
+    assert t4.dims[:, L.GEMM_LAYOUT].tolist() == [L.GEMM_B_T, 0]
+    assert t4.latency_ms.tolist() == [3.0, 1.2]
+    assert set(D.load_label_gemms(tmp_path, gpus={"T4"}).gpu) == {"T4"}
+
+
+def test_label_gemms_option_needs_logo(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        e2e.main(["--data", str(tmp_path), "--label-gemms", "2"])
+    assert "--logo only" in capsys.readouterr().err
