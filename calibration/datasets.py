@@ -144,7 +144,8 @@ def _from_frame(op: str, df: pd.DataFrame) -> OpSamples:
                      lat[keep], tile[keep])
 
 
-def _check(data: Path) -> Path:
+def check_folder(data: str | Path) -> Path:
+    """`data` as a Path, refused in one line unless it holds a train/ folder."""
     data = Path(data)
     if not (data / "train").is_dir():
         raise InvalidArgumentError(
@@ -155,7 +156,7 @@ def _check(data: Path) -> Path:
 def load_train(data: str | Path, ops=OPS, extra=(), log=None) -> OpSamples:
     """The training files of `ops`, and the rows of the measured-kernel files
     `extra` of those ops (see `load_measured`; `log` hears what it leaves out)."""
-    data = _check(data)
+    data = check_folder(data)
     parts = []
     for op in ops:
         for f in sorted((data / "train" / op).glob("*.csv")):
@@ -239,7 +240,7 @@ def load_measured(paths, *, tf32: bool = False, log=None) -> OpSamples:
 
 
 def load_test(data: str | Path, ops=OPS) -> OpSamples:
-    data = _check(data)
+    data = check_folder(data)
     parts = []
     files = {"linear": "linear", "bmm": "bmm", "softmax": "softmax", "ln": "ln"}
     for op in ops:
@@ -287,7 +288,7 @@ def load_label_gemms(data: str | Path, gpus=None) -> OpSamples:
     spec ids, where given) as matmul rows: an `nn.Linear` module as
     `x @ W^T` (layout GEMM_B_T) over every row of its input, an `addmm` node
     (`bias, x[M, K], W[K, N]`) as `x @ W`."""
-    data = _check(data)
+    data = check_folder(data)
     gpu_of, rows = {}, []
     for f in sorted((data / "labels").glob("*/*.csv")):
         board = f.parent.name

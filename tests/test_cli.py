@@ -1,8 +1,10 @@
 """The command line as a user runs it: tables, JSON, and one-line errors."""
 
+import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +174,32 @@ def test_gpus_and_zoo_listings(capsys):
     for name in ("resnet50", "inception_v3", "transformer", "gnmt", "dcgan", "bert-large",
                  "gpt2-large", "gpt3-xl", "gpt3-2.7b", "opt-1.3b"):
         assert name in out
+
+
+def test_train_models_keeps_the_shipped_weights_from_another_recipe(tmp_path, monkeypatch, capsys):
+    """Without --out, train-models writes over the package's weights only with
+    their own recipe: another one is refused in one line naming what differs,
+    and the shipped file is left as it was."""
+    import shutil
+
+    from predictor import opmodel
+    from predictor.commands import train_models
+
+    pkg = tmp_path / "pkg"
+    (pkg / "weights").mkdir(parents=True)
+    shipped = Path(opmodel.__file__).resolve().parent / "weights" / "opmodels.npz"
+    shutil.copy(shipped, pkg / "weights" / "opmodels.npz")
+    monkeypatch.setattr(opmodel, "__file__", str(pkg / "opmodel.py"))
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    _, meta = opmodel.read_weights(shipped)
+    before = (pkg / "weights" / "opmodels.npz").read_bytes()
+    for extra in (["--seed", str(meta["seed"] + 1)], ["--epochs", "1"]):
+        assert cli.main(["train-models", "--data", str(tmp_path / "data"), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "replace the shipped weights" in err and "--replace-shipped" in err
+        assert "\n" not in err and extra[0] in err
+    assert (pkg / "weights" / "opmodels.npz").read_bytes() == before
+    # The shipped recipe itself passes the guard (it reproduces the file).
+    args = argparse.Namespace(extra=[f"/x/{n}" for n in meta.get("extra", [])], seed=meta["seed"],
+                              epochs=meta["epochs"], blend_only=False)
+    train_models._refuse_another_recipe(pkg / "weights", args, meta["ensemble"])

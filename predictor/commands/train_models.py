@@ -25,7 +25,11 @@ def add_parser(sub) -> None:
     p.add_argument("--data", required=True, metavar="DIR",
                    help="the NeuSight data folder (holds train/ and test/)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="where to write opmodels.npz (default: the package's weights folder)")
+                   help="where to write opmodels.npz (default: the package's weights folder, "
+                        "over the shipped weights: only with their recipe (same --extra "
+                        "files, seed, epochs and ensemble), or with --replace-shipped)")
+    p.add_argument("--replace-shipped", action="store_true",
+                   help="without --out: replace the shipped weights even with another recipe")
     p.add_argument("--extra", action="append", default=[], metavar="CSV",
                    help="also train on a measured-kernel file of `python -m "
                         "benchmarks.measure_kernels` (another GPU's forward and backward "
@@ -45,6 +49,46 @@ def add_parser(sub) -> None:
                    help="keep (and reuse) the held-out models of the blend fit in DIR")
 
 
+def recipe(meta: dict) -> dict:
+    """What, beside the dataset, decides a weights file: the measured-kernel
+    files it trained on (by name), seed, epochs and ensemble size."""
+    return {"--extra": sorted(meta.get("extra", [])), "--seed": meta.get("seed"),
+            "--epochs": meta.get("epochs"), "--ensemble": meta.get("ensemble")}
+
+
+def _refuse_another_recipe(out: Path, args: argparse.Namespace, ensemble: int) -> None:
+    """Writing over the package's weights with another recipe would lose the
+    shipped ones (only a reinstall brings them back): refused, in one line
+    that says what the shipped recipe was."""
+    from predictor import opmodel
+    from predictor.calibration import train as T
+    from predictor.errors import InvalidArgumentError, WeightsError
+
+    path = out / T.WEIGHTS_FILE
+    if not path.exists():
+        return
+    try:
+        _, meta = opmodel.read_weights(path)
+    except WeightsError:
+        return  # a damaged file is not worth keeping
+    shipped = recipe(meta)
+    asked = recipe({"extra": [Path(f).name for f in args.extra], "seed": args.seed,
+                    "epochs": args.epochs, "ensemble": ensemble})
+    if asked == shipped or args.blend_only:
+        return
+    differ = ", ".join(f"{k} {_show(asked[k])} (shipped: {_show(shipped[k])})"
+                       for k in shipped if asked[k] != shipped[k])
+    raise InvalidArgumentError(
+        f"this would replace the shipped weights ({path}) with another recipe: {differ}; "
+        "pass --out DIR to write them elsewhere, or --replace-shipped")
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return " ".join(value) if value else "none"
+    return str(value)
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -53,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(opmodel.__file__).resolve().parent / "weights"
     ensemble = T.ENSEMBLE if args.ensemble is None else args.ensemble
+    if args.out is None and not args.replace_shipped:
+        from predictor.calibration.datasets import check_folder
+
+        check_folder(args.data)  # a wrong --data is said first
+        _refuse_another_recipe(out, args, ensemble)
     if not args.blend_only:
         # A bar on a terminal only: a log or a pipe gets the one line at the end.
         fits = ensemble + (ensemble > 1)  # the ensemble, then the distilled network
