@@ -177,9 +177,10 @@ def test_gpus_and_zoo_listings(capsys):
 
 
 def test_train_models_keeps_the_shipped_weights_from_another_recipe(tmp_path, monkeypatch, capsys):
-    """Without --out, train-models writes over the package's weights only with
-    their own recipe: another one is refused in one line naming what differs,
-    and the shipped file is left as it was."""
+    """Without --out, train-models writes over the package's weights (and
+    blend weights) only with each file's own recipe: another one is refused
+    in one line naming what differs, and the shipped files are left as they
+    were."""
     import shutil
 
     from predictor import opmodel
@@ -187,19 +188,28 @@ def test_train_models_keeps_the_shipped_weights_from_another_recipe(tmp_path, mo
 
     pkg = tmp_path / "pkg"
     (pkg / "weights").mkdir(parents=True)
-    shipped = Path(opmodel.__file__).resolve().parent / "weights" / "opmodels.npz"
-    shutil.copy(shipped, pkg / "weights" / "opmodels.npz")
+    weights = Path(opmodel.__file__).resolve().parent / "weights"
+    for name in ("opmodels.npz", "calibration_blend.json"):
+        shutil.copy(weights / name, pkg / "weights" / name)
     monkeypatch.setattr(opmodel, "__file__", str(pkg / "opmodel.py"))
     (tmp_path / "data" / "train").mkdir(parents=True)
-    _, meta = opmodel.read_weights(shipped)
-    before = (pkg / "weights" / "opmodels.npz").read_bytes()
-    for extra in (["--seed", str(meta["seed"] + 1)], ["--epochs", "1"]):
+    _, meta = opmodel.read_weights(weights / "opmodels.npz")
+    blend = json.loads((weights / "calibration_blend.json").read_text())
+    before = {p.name: p.read_bytes() for p in (pkg / "weights").iterdir()}
+    for extra, names in ((["--seed", str(meta["seed"] + 1)], "opmodels.npz"),
+                         (["--epochs", "1"], "opmodels.npz"),
+                         (["--blend-only", "--seed", str(blend["seed"] + 1)],
+                          "calibration_blend.json")):
         assert cli.main(["train-models", "--data", str(tmp_path / "data"), *extra]) == 2
         err = capsys.readouterr().err.strip()
-        assert "replace the shipped weights" in err and "--replace-shipped" in err
-        assert "\n" not in err and extra[0] in err
-    assert (pkg / "weights" / "opmodels.npz").read_bytes() == before
-    # The shipped recipe itself passes the guard (it reproduces the file).
+        assert "replace the shipped " + names in err and "--replace-shipped" in err
+        assert "\n" not in err and extra[-2] in err
+    assert {p.name: p.read_bytes() for p in (pkg / "weights").iterdir()} == before
+    # Each file's own recipe passes the guard (it reproduces the file).
     args = argparse.Namespace(extra=[f"/x/{n}" for n in meta.get("extra", [])], seed=meta["seed"],
-                              epochs=meta["epochs"], blend_only=False)
+                              epochs=meta["epochs"], blend=False, blend_only=False)
     train_models._refuse_another_recipe(pkg / "weights", args, meta["ensemble"])
+    args = argparse.Namespace(extra=[f"/x/{n}" for n in blend.get("extra", [])],
+                              seed=blend["seed"], epochs=blend["epochs"], blend=False,
+                              blend_only=True)
+    train_models._refuse_another_recipe(pkg / "weights", args, blend["ensemble"])

@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="where to write opmodels.npz (default: the package's weights folder, "
                         "over the shipped weights: only with their recipe (same --extra "
-                        "files, seed, epochs and ensemble), or with --replace-shipped)")
+                        "files, seed, epochs and ensemble; for calibration_blend.json its "
+                        "own), or with --replace-shipped)")
     p.add_argument("--replace-shipped", action="store_true",
                    help="without --out: replace the shipped weights even with another recipe")
     p.add_argument("--extra", action="append", default=[], metavar="CSV",
@@ -57,30 +58,37 @@ def recipe(meta: dict) -> dict:
 
 
 def _refuse_another_recipe(out: Path, args: argparse.Namespace, ensemble: int) -> None:
-    """Writing over the package's weights with another recipe would lose the
-    shipped ones (only a reinstall brings them back): refused, in one line
-    that says what the shipped recipe was."""
+    """Writing over the package's weights (opmodels.npz, or with --blend /
+    --blend-only calibration_blend.json) with another recipe than the file's
+    own would lose the shipped ones (only a reinstall brings them back):
+    refused, in one line that says what the shipped recipe was."""
+    import json
+
     from predictor import opmodel
+    from predictor.calibration import blend as B
     from predictor.calibration import train as T
     from predictor.errors import InvalidArgumentError, WeightsError
 
-    path = out / T.WEIGHTS_FILE
-    if not path.exists():
-        return
-    try:
-        _, meta = opmodel.read_weights(path)
-    except WeightsError:
-        return  # a damaged file is not worth keeping
-    shipped = recipe(meta)
     asked = recipe({"extra": [Path(f).name for f in args.extra], "seed": args.seed,
                     "epochs": args.epochs, "ensemble": ensemble})
-    if asked == shipped or args.blend_only:
-        return
-    differ = ", ".join(f"{k} {_show(asked[k])} (shipped: {_show(shipped[k])})"
-                       for k in shipped if asked[k] != shipped[k])
-    raise InvalidArgumentError(
-        f"this would replace the shipped weights ({path}) with another recipe: {differ}; "
-        "pass --out DIR to write them elsewhere, or --replace-shipped")
+    files = ([] if args.blend_only else [out / T.WEIGHTS_FILE]) \
+        + ([out / B.BLEND_FILE] if args.blend or args.blend_only else [])
+    for path in files:
+        if not path.exists():
+            continue
+        try:
+            meta = (opmodel.read_weights(path)[1] if path.suffix == ".npz"
+                    else json.loads(path.read_text(encoding="utf-8")))
+        except (WeightsError, OSError, ValueError):
+            continue  # a damaged file is not worth keeping
+        shipped = recipe(meta)
+        if asked == shipped:
+            continue
+        differ = ", ".join(f"{k} {_show(asked[k])} (shipped: {_show(shipped[k])})"
+                           for k in shipped if asked[k] != shipped[k])
+        raise InvalidArgumentError(
+            f"this would replace the shipped {path.name} ({path}) with another recipe: "
+            f"{differ}; pass --out DIR to write elsewhere, or --replace-shipped")
 
 
 def _show(value) -> str:
