@@ -252,6 +252,12 @@ FACTORY_SRC = textwrap.dedent(
     def make_sized(batch_size):
         return Net(), (torch.randn(batch_size, 10), torch.zeros(batch_size, 5, dtype=torch.long))
 
+    def make_by_name():
+        return Net(), {"ids": torch.zeros(4, 5, dtype=torch.long), "x": torch.randn(4, 10)}
+
+    def make_a_set():
+        return Net(), {torch.randn(4, 10)}
+
     def bare():
         return Net()
 
@@ -284,6 +290,25 @@ def test_load_factory_file(factory_file):
     assert [n for n in g.graph.nodes if n.op == "output"][0].args[0][0] is not None
     # resolve() falls back to factories; batch_size-taking factories work too
     assert zoo.resolve(f"{factory_file}:make_sized").default_batch_size == 8
+
+
+def test_load_factory_with_inputs_by_name(factory_file):
+    """Example inputs as a dict are keyword arguments (model(**inputs), as Hugging
+    Face models are called): they keep their names and get the new batch size,
+    and the step traces; other containers are refused in one line."""
+    import predictor
+
+    e = zoo.load_factory(f"{factory_file}:make_by_name")
+    assert e.default_batch_size == 4
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        inputs = e.make_inputs(7, None)
+    assert list(inputs) == ["ids", "x"]
+    assert inputs["ids"].shape == (7, 5) and inputs["ids"].dtype == torch.long
+    assert inputs["x"].shape == (7, 10) and inputs["x"].dtype == torch.float32
+    g = predictor.trace(f"{factory_file}:make_by_name", batch_size=16)
+    assert g.batch_size == 16 and g.seq_len == 5
+    with pytest.raises(UnknownModelError, match="dict of them by name"):
+        zoo.load_factory(f"{factory_file}:make_a_set")
 
 
 def test_load_factory_module(factory_file, monkeypatch):

@@ -8,11 +8,15 @@ inputs, and keeps the fake model with its fake mode (``ZooModel.prebuilt``): the
 tracer traces that model inside the same mode and never calls the factory again.
 ``build()`` calls the factory for a real model; only ``predictor calibrate``
 does, to time the real training step. ``make_inputs(b, _)`` makes new tensors
-of the recorded dtypes with the batch dimension set to ``b``.
+of the recorded dtypes with the batch dimension set to ``b``. Example inputs
+are a tensor or a tuple of them (``model(*inputs)``), or a dict of them by
+keyword (``model(**inputs)``, as Hugging Face models are called:
+``{"input_ids": ..., "labels": ...}``); values that are not tensors pass
+through as they are.
 
 A bare model needs its inputs from somewhere: if it has an ``example_inputs``
-attribute (a tensor, a tuple of tensors, or a method returning one) that is
-used; otherwise ``make_inputs`` raises UnknownModelError explaining what to
+attribute (a tensor, a tuple or dict of tensors, or a method returning one)
+that is used; otherwise ``make_inputs`` raises UnknownModelError explaining what to
 return.
 """
 
@@ -136,14 +140,19 @@ def _split_result(result: Any, spec: str) -> "tuple[nn.Module, Any]":
     )
 
 
-def _as_tuple(inputs: Any, spec: str) -> tuple:
+def _as_items(inputs: Any, spec: str) -> "tuple[tuple[str, ...] | None, tuple]":
+    """(keyword names or None, values) of example inputs: a dict's keys and
+    values (``model(**inputs)``), or None and the positional arguments."""
     if isinstance(inputs, torch.Tensor):
-        return (inputs,)
+        return None, (inputs,)
     if isinstance(inputs, (tuple, list)):
-        return tuple(inputs)
+        return None, tuple(inputs)
+    if isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
+        return tuple(inputs), tuple(inputs.values())
     raise UnknownModelError(
         f"factory '{spec}' gave example inputs of type {type(inputs).__name__}; "
-        "use a tensor or a tuple of tensors (positional arguments of model.forward)"
+        "use a tensor, a tuple of tensors (positional arguments of model.forward) or a dict "
+        "of them by name (keyword arguments)"
     )
 
 
@@ -165,11 +174,13 @@ def load_factory(spec: str) -> ZooModel:
 
     batch_dim = 0
     specs: "tuple[_InputSpec, ...] | None" = None
+    keys: "tuple[str, ...] | None" = None
     default_batch = _FACTORY_BATCH
     if raw_inputs is not None:
+        keys, values = _as_items(raw_inputs, spec)
         specs = tuple(
             _InputSpec(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else _InputSpec(None, None, x)
-            for x in _as_tuple(raw_inputs, spec)
+            for x in values
         )
         batched = [s for s in specs if s.shape is not None and len(s.shape) > batch_dim]
         if not batched:
@@ -183,7 +194,7 @@ def load_factory(spec: str) -> ZooModel:
     def build() -> nn.Module:
         return _split_result(_call_factory(factory), spec)[0]
 
-    def make_inputs(batch_size: int, seq_len: "int | None" = None) -> tuple:
+    def make_inputs(batch_size: int, seq_len: "int | None" = None) -> "tuple | dict":
         b = check_batch(batch_size)
         if specs is None:
             raise UnknownModelError(
@@ -202,7 +213,7 @@ def load_factory(spec: str) -> ZooModel:
                 out.append(torch.randn(shape, dtype=s.dtype))
             else:
                 out.append(torch.zeros(shape, dtype=s.dtype))
-        return tuple(out)
+        return dict(zip(keys, out)) if keys is not None else tuple(out)
 
     return ZooModel(
         name=spec,
