@@ -241,7 +241,10 @@ def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED,
     params += f"{html.escape(precision)} · " if precision else ""
     meta = (f"{params}objective: {html.escape(result.objective)} · run: "
             f"{html.escape(result.run.describe())} · {result.gpus_per_node} GPU(s) per configuration · "
-            f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · "
+            + (f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · "
+               if graph is None or getattr(graph, "memory", None) is not None
+               else "peak memory not predicted (an ONNX file has no memory profile): "
+                    "whether a configuration fits is not checked · ")
             + ("±err = 90th percentile of |error| measured for predictions of the GPU's standing "
                "(trained on, unseen, tensor cores) · "
                if "error_p90_pct" in result.table else "")

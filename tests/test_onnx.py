@@ -332,3 +332,38 @@ def test_backward_rules_mirror_autograd():
     rows = synthesis.optimizer_rows([T((1000, 10), f32), T((10,), f32)], "adam")
     assert {r[0] for r in rows} == {L.OPTIMIZER} and len(rows) == 7
     assert synthesis.optimizer_rows([T((3,), f32)], None) == []
+
+
+@pytest.mark.parametrize("command", [["predict"], ["sweep", "-b", "8,32"], ["search", "-b", "8,32"]])
+def test_no_memory_profile_is_said_and_fits_is_empty(tmp_path, capsys, command):
+    """An ONNX graph has no memory profile: every output format says that peak
+    memory is not predicted, and no format says the configuration fits."""
+    import json
+
+    from predictor import cli
+    from predictor.commands.common import NO_MEMORY_NOTE
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    path = _save(_model(nodes, [x], [y], [_w("w", 64, 64)]), tmp_path)
+    cmd, *rest = command
+    base = [cmd, path, "--gpus", "T4,H100", *rest]
+    assert cli.main(base + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert NO_MEMORY_NOTE in doc["notes"]
+    rows = {"predict": lambda d: d["predictions"], "sweep": lambda d: d["grid"] + d["best"],
+            "search": lambda d: d["configurations"]}[cmd](doc)
+    assert rows and all(r["fits"] is None for r in rows)
+    csv_path = tmp_path / "out.csv"
+    assert cli.main(base + ["--csv"] + ([str(csv_path)] if cmd == "sweep" else [])) == 0
+    out = capsys.readouterr()
+    text = csv_path.read_text() if cmd == "sweep" else out.out
+    header, *lines = text.strip().splitlines()
+    col = header.split(",").index("fits")
+    assert lines and all(line.split(",")[col] == "" for line in lines)
+    # (sweep --csv FILE writes the file and prints its table, notes under it)
+    assert NO_MEMORY_NOTE in (out.out if cmd == "sweep" else out.err).replace("\n", " ")
+    assert cli.main(base) == 0
+    table = capsys.readouterr().out
+    assert "peak memory is not predicted" in table and "that fits" not in table

@@ -177,6 +177,29 @@ def load_specs(files: Sequence[str]) -> None:
         hardware.load_specs(f)
 
 
+NO_MEMORY_NOTE = ("peak memory is not predicted for this graph (an ONNX file's has no memory "
+                  "profile; trace the PyTorch model for one): whether it fits in a GPU's memory "
+                  "is not checked (fits: empty in --json and --csv)")
+
+
+def has_memory(graph) -> bool:
+    """Whether the graph carries a memory profile (traced PyTorch models do;
+    ONNX files do not), so that peak memory and `fits` are predicted."""
+    return getattr(graph, "memory", None) is not None
+
+
+def unknown_fits(df, graph):
+    """`df` with its `fits` column empty (None: null in JSON, blank in CSV)
+    where the graph has no memory profile: the result objects count such
+    configurations as fitting, so that they rank, but a machine format must
+    not say they were checked."""
+    if has_memory(graph) or "fits" not in df:
+        return df
+    df = df.copy()
+    df["fits"] = None
+    return df
+
+
 def notes(graph, gpus: Sequence = (), dtype: str | None = None,
           left_out: Sequence[str] = (), tf32: bool = False) -> list[str]:
     """One-line notes every output format shows (table: under it; --json: a
@@ -190,6 +213,8 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
     from predictor.kernels import layout as L
 
     out = list(getattr(graph, "notes", None) or [])
+    if not has_memory(graph):
+        out.append(NO_MEMORY_NOTE)
     fp8 = float8_note(graph)
     out += [fp8] if fp8 else []
     if left_out:
@@ -283,15 +308,15 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def json_records(df) -> list[dict]:
-    """JSON records of a results DataFrame: NaN as null, batch sizes as ints,
-    flags (fits) as bools, other numbers as floats, text as is."""
+    """JSON records of a results DataFrame: NaN and None as null, batch sizes
+    as ints, flags (fits) as bools, other numbers as floats, text as is."""
     import math
 
     import numpy as np
 
     out = []
     for row in df.to_dict(orient="records"):
-        out.append({k: (None if isinstance(v, float) and not math.isfinite(v)
+        out.append({k: (None if v is None or isinstance(v, float) and not math.isfinite(v)
                         else bool(v) if isinstance(v, (bool, np.bool_)) else
                         int(v) if k == "batch_size" else
                         float(v) if not isinstance(v, str) else v)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, unknown_fits, add_calibration_argument,
                                        add_format_arguments, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, batch_size_arg,
                                        console, error_cell, json_records, load_specs, notes,
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         cal.check_graph(graph)
     res = engine.sweep(graph, gpus, [graph.batch_size], dtype=args.dtype,
                        tf32_matmul=args.tf32 or None, calibration=cal)
-    df = res.to_pandas().sort_values("iteration_ms", ignore_index=True)
+    df = unknown_fits(res.to_pandas().sort_values("iteration_ms", ignore_index=True), graph)
     lines = (notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
                   getattr(args, "tf32", False))
              + memory_notes(res))

@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, has_memory, unknown_fits, add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, load_graph,
                                        load_specs, notes, parse_batch_sizes, positive_int,
@@ -174,12 +174,17 @@ def run(args: argparse.Namespace) -> int:
     lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
                   getattr(args, "tf32", False))
     if args.json:
-        print(json.dumps({**result.to_dict(),
+        doc = result.to_dict()
+        if not has_memory(graph):
+            for key in ("configurations", "pareto"):
+                for row in doc[key]:
+                    row["fits"] = None
+        print(json.dumps({**doc,
                           **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
                           "notes": lines}, indent=2))
         return 0
     if args.csv:
-        df = result.to_pandas()
+        df = unknown_fits(result.to_pandas(), graph)
         df.insert(0, "model", graph.name)
         print(df.to_csv(index=False), end="")
         print_notes_stderr(lines)
@@ -242,11 +247,13 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=(),
     out.print(table)
     total = len(result.table)
     fitting = len(result.fitting())
-    note = [f"{total:,} configurations, {fitting:,} fit in {result.max_memory_fraction:.0%} of "
-            f"GPU memory and meet the constraints; showing {len(shown)}"
+    memory = has_memory(graph)
+    note = [f"{total:,} configurations, {fitting:,} "
+            + (f"fit in {result.max_memory_fraction:.0%} of GPU memory and " if memory else "")
+            + f"meet the constraints; showing {len(shown)}"
             + ("" if show_all else " (--all shows the rest)") + "."]
     gpus_shown = list(dict.fromkeys(shown["gpu"]))[:8]
-    if gpus_shown:
+    if gpus_shown and memory:
         note.append("largest batch per GPU that fits: " + ", ".join(
             f"{g} {result.max_batch_sizes.get(g)}" for g in gpus_shown))
     note.append(("ranked by cost at " if result.objective == "cost" else "prices: ")

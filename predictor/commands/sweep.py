@@ -9,7 +9,7 @@ import math
 import time
 from pathlib import Path
 
-from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, unknown_fits, add_calibration_argument,
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, json_records,
                                        load_graph, load_specs, notes, parse_batch_sizes,
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
         lines += [n for n in (extrapolation_note(cal, res.batch_sizes),
                               transfer_note(cal, graph.ops, res.gpus)) if n]
+    df, best_out = unknown_fits(df, graph), unknown_fits(best, graph)
     if args.csv:
         from predictor.io import atomic_writer
 
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             "seq_len": graph.seq_len,
             **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
             "batch_sizes": [int(b) for b in res.batch_sizes], "gpus": res.gpus,
-            "best": json_records(best), "grid": json_records(df), "notes": lines,
+            "best": json_records(best_out), "grid": json_records(df), "notes": lines,
         }, indent=2))
         return 0
     print_best(graph, args, res, best, seconds, lines)
