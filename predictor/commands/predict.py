@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from predictor.commands.common import (ERROR_COLUMN_NOTE, unknown_fits, add_calibration_argument,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
                                        add_format_arguments, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, batch_size_arg,
                                        console, error_cell, json_records, load_specs, notes,
                                        positive_int, precision_fields, precision_text,
-                                       print_notes_stderr, step_text, targets,
-                                       trace_from_args)
+                                       print_notes_stderr, step_text, targets, trace_from_args,
+                                       unknown_fits)
 
 NAME = "predict"
 

@@ -9,13 +9,13 @@ import json
 import math
 from pathlib import Path
 
-from predictor.commands.common import (ERROR_COLUMN_NOTE, has_memory, unknown_fits, add_format_arguments,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
-                                       add_step_arguments, console, error_cell, load_graph,
-                                       load_specs, notes, parse_batch_sizes, positive_int,
-                                       precision_fields, precision_text,
-                                       gpus_for, print_notes_stderr, resolve_gpus,
-                                       step_text)
+                                       add_step_arguments, console, error_cell, gpus_for,
+                                       has_memory, load_graph, load_specs, notes,
+                                       parse_batch_sizes, positive_int, precision_fields,
+                                       precision_text, print_notes_stderr, resolve_gpus, step_text,
+                                       unknown_fits)
 
 NAME = "search"
 

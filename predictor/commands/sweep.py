@@ -9,12 +9,12 @@ import math
 import time
 from pathlib import Path
 
-from predictor.commands.common import (ERROR_COLUMN_NOTE, unknown_fits, add_calibration_argument,
+from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
                                        add_precision_arguments, add_spec_argument,
-                                       add_step_arguments, console, error_cell, json_records,
-                                       load_graph, load_specs, notes, parse_batch_sizes,
-                                       gpus_for, optimizer_text, precision_fields,
-                                       precision_text, targets)
+                                       add_step_arguments, console, error_cell, gpus_for,
+                                       json_records, load_graph, load_specs, notes, optimizer_text,
+                                       parse_batch_sizes, precision_fields, precision_text,
+                                       targets, unknown_fits)
 
 NAME = "sweep"
 
