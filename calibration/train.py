@@ -498,9 +498,10 @@ def at_board_levels(model: GroupModel, x: np.ndarray, ideal: np.ndarray, gpus) -
     by_chip = {}
     for g, v in model.board_levels.items():
         by_chip.setdefault(chip_of[g], []).append(v)
-    level = np.array([model.board_levels.get(g, float(np.mean(by_chip.get(chip_of[g], [0.0]))))
-                      for g in gpus])
-    return model.times_us(x, ideal, level)
+    names, rows = np.unique(np.asarray(gpus, dtype=str), return_inverse=True)
+    per_gpu = np.array([model.board_levels.get(g, float(np.mean(by_chip.get(chip_of[g], [0.0]))))
+                        for g in names])
+    return model.times_us(x, ideal, per_gpu[rows])
 
 
 def with_harness_floors(student: GroupModel, teachers: list[GroupModel]) -> GroupModel:

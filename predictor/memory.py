@@ -109,6 +109,13 @@ def _round_segments(nbytes: int) -> float:
     return float((nbytes + seg - 1) // seg * seg)
 
 
+def has_profile(graph) -> bool:
+    """Whether `graph` carries a memory profile (traced PyTorch models do; ONNX
+    files do not): without one, peak memory is not predicted and whether a
+    configuration fits is not checked."""
+    return getattr(graph, "memory", None) is not None
+
+
 def evaluate(graph, gpus: Sequence, batches: np.ndarray, dtype_code: int | None = None,
              data_parallel: int = 1) -> np.ndarray | None:
     """Peak device memory (bytes) of `graph` for every (GPU, batch); None when

@@ -27,6 +27,7 @@ import numpy as np
 
 from predictor.errors import MissingExtraError
 from predictor.io import atomic_write_text, plain_text_figures
+from predictor.memory import has_profile
 from predictor.text import plain_log_ticks, precision_words
 
 MAX_GPUS_PLOTTED = 10
@@ -242,7 +243,7 @@ def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED,
     meta = (f"{params}objective: {html.escape(result.objective)} · run: "
             f"{html.escape(result.run.describe())} · {result.gpus_per_node} GPU(s) per configuration · "
             + (f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · "
-               if graph is None or getattr(graph, "memory", None) is not None
+               if graph is None or has_profile(graph)
                else "peak memory not predicted (an ONNX file has no memory profile): "
                     "whether a configuration fits is not checked · ")
             + ("±err = 90th percentile of |error| measured for predictions of the GPU's standing "

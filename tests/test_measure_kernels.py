@@ -360,3 +360,23 @@ def test_one_board_has_no_level_to_fit():
         for p, q in zip(la, lb):
             assert np.array_equal(p, q)
     assert a.floor_us == b.floor_us
+
+
+def test_distillation_targets_keep_each_measured_board_at_its_level():
+    """at_board_levels: a measured GPU's rows at its own level, another board of
+    a levelled chip at that chip's, every other GPU at the median board's (0);
+    a model without levels is its plain times."""
+    import dataclasses
+
+    from predictor.calibration import train as T
+
+    x, ideal, target, boards = _two_boards(n=400)
+    m = T.fit_group(0, x, ideal, target, epochs=3, batch=64)
+    rows = np.arange(4)
+    assert np.array_equal(T.at_board_levels(m, x[rows], ideal[rows], ["T4"] * 4),
+                          m.times_us(x[rows], ideal[rows]))
+    levelled = dataclasses.replace(m, board_levels={"T4": 0.3, "A100-PCIE-40GB": -0.2})
+    gpus = ["T4", "A100-PCIE-80GB", "H100-SXM5-80GB", "T4"]
+    got = T.at_board_levels(levelled, x[rows], ideal[rows], gpus)
+    want = m.times_us(x[rows], ideal[rows], np.array([0.3, -0.2, 0.0, 0.3]))
+    assert np.array_equal(got, want)

@@ -182,18 +182,14 @@ NO_MEMORY_NOTE = ("peak memory is not predicted for this graph (an ONNX file's h
                   "is not checked (fits: empty in --json and --csv)")
 
 
-def has_memory(graph) -> bool:
-    """Whether the graph carries a memory profile (traced PyTorch models do;
-    ONNX files do not), so that peak memory and `fits` are predicted."""
-    return getattr(graph, "memory", None) is not None
-
-
 def unknown_fits(df, graph):
     """`df` with its `fits` column empty (None: null in JSON, blank in CSV)
     where the graph has no memory profile: the result objects count such
     configurations as fitting, so that they rank, but a machine format must
     not say they were checked."""
-    if has_memory(graph) or "fits" not in df:
+    from predictor.memory import has_profile
+
+    if has_profile(graph) or "fits" not in df:
         return df
     df = df.copy()
     df["fits"] = None
@@ -212,8 +208,10 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
     from predictor import opmodel
     from predictor.kernels import layout as L
 
+    from predictor.memory import has_profile
+
     out = list(getattr(graph, "notes", None) or [])
-    if not has_memory(graph):
+    if not has_profile(graph):
         out.append(NO_MEMORY_NOTE)
     fp8 = float8_note(graph)
     out += [fp8] if fp8 else []

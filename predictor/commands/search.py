@@ -12,8 +12,8 @@ from pathlib import Path
 from predictor.commands.common import (ERROR_COLUMN_NOTE, add_format_arguments,
                                        add_precision_arguments, add_spec_argument,
                                        add_step_arguments, console, error_cell, gpus_for,
-                                       has_memory, load_graph, load_specs, notes,
-                                       parse_batch_sizes, positive_int, precision_fields,
+                                       load_graph, load_specs, notes, parse_batch_sizes,
+                                       positive_int, precision_fields,
                                        precision_text, print_notes_stderr, resolve_gpus, step_text,
                                        unknown_fits)
 
@@ -174,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
     lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
                   getattr(args, "tf32", False))
     if args.json:
+        from predictor.memory import has_profile
+
         doc = result.to_dict()
-        if not has_memory(graph):
+        if not has_profile(graph):
             for key in ("configurations", "pareto"):
                 for row in doc[key]:
                     row["fits"] = None
@@ -247,7 +249,9 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=(),
     out.print(table)
     total = len(result.table)
     fitting = len(result.fitting())
-    memory = has_memory(graph)
+    from predictor.memory import has_profile
+
+    memory = has_profile(graph)
     note = [f"{total:,} configurations, {fitting:,} "
             + (f"fit in {result.max_memory_fraction:.0%} of GPU memory and " if memory else "")
             + f"meet the constraints; showing {len(shown)}"

@@ -26,8 +26,11 @@ class ZooModel:
     description:        one line for ``predictor zoo``.
     family:             ``"vision" | "text" | "gan" | "seq2seq"`` (``"custom"`` for factories).
     build:              () -> nn.Module (training module). Called inside FakeTensorMode.
-    make_inputs:        (batch_size, seq_len or None) -> tuple of example inputs.
-    loss_fn:            output of ``model(*inputs)`` -> scalar loss (None: no training loss).
+    make_inputs:        (batch_size, seq_len or None) -> tuple of example inputs
+                        (positional), or a dict of them (keyword: a user
+                        factory's inputs by name).
+    loss_fn:            output of ``model(*inputs)`` (``model(**inputs)``) -> scalar
+                        loss (None: no training loss).
     default_batch_size: batch size used when the user gives none.
     default_seq_len:    sequence length used when the user gives none (None for vision).
     batch_dim:          dimension of every input tensor that is the batch.
@@ -44,7 +47,7 @@ class ZooModel:
     description: str
     family: str
     build: Callable[[], torch.nn.Module]
-    make_inputs: Callable[[int, "int | None"], tuple]
+    make_inputs: Callable[[int, "int | None"], "tuple | dict"]
     loss_fn: "Callable[[Any], torch.Tensor] | None"
     default_batch_size: int
     default_seq_len: "int | None" = None
