@@ -199,7 +199,7 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=(),
                 precision: str = "dtype as traced") -> None:
     from rich.table import Table
 
-    from predictor.commands.common import fmt
+    from predictor.commands.common import fmt, plural
 
     df = result.to_pandas() if show_all else result.fitting()
     shown = df.head(top)
@@ -252,7 +252,7 @@ def print_table(graph, result, top: int, show_all: bool, report, lines=(),
     from predictor.memory import has_profile
 
     memory = has_profile(graph)
-    note = [f"{total:,} configurations, {fitting:,} "
+    note = [f"{plural(total, 'configuration')}, {fitting:,} "
             + (f"fit in {result.max_memory_fraction:.0%} of GPU memory and " if memory else "")
             + f"meet the constraints; showing {len(shown)}"
             + ("" if show_all else " (--all shows the rest)") + "."]
