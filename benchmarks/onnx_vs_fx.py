@@ -7,8 +7,9 @@ Exports the zoo's ResNet-50 and bert-large (BertForPreTraining, 24 layers) with
 ``torch.onnx.export`` (TorchScript exporter, training mode so batch norm and
 dropout stay in the graph, dynamic batch and sequence axes), traces both the
 ONNX file and the same module with the fx frontend, and prints for training
-and inference: op counts per family, GEMM FLOPs and predicted iteration time
-per GPU and batch size, with the ONNX/fx difference. The CI test
+and inference: op counts per family, GEMM FLOPs, predicted iteration time per
+GPU and batch size, and peak memory per batch size, with the ONNX/fx
+difference. The CI test
 (``tests/test_onnx.py``) runs the same comparison on ResNet-50 and a 2-layer
 model with bert-large's layer shapes; this script is the full-size check (the
 bert-large export takes minutes and ~6 GB of memory).
@@ -85,6 +86,22 @@ def compare(name: str, fx, onnx_graph, batches) -> float:
     return worst
 
 
+def compare_memory(fx, onnx_graph, batches) -> float:
+    """Print the peak memory of both (tensors, allocator-rounded, GiB), with the
+    phase it falls in; returns the largest |difference| in %."""
+    worst = 0.0
+    cells = []
+    for b in batches:
+        mf = float(fx.memory.peak([b])[1][0]) / 2**30
+        mo = float(onnx_graph.memory.peak([b])[1][0]) / 2**30
+        d = (mo / mf - 1) * 100
+        worst = max(worst, abs(d))
+        cells.append(f"batch {b}: {mf:.3f} / {mo:.3f} GiB {d:+.2f}% "
+                     f"({onnx_graph.memory.breakdown(b)['peak_phase']})")
+    print("  peak tensor memory fx / onnx: " + "; ".join(cells))
+    return worst
+
+
 def resnet50(folder: Path):
     from predictor.zoo import vision
 
@@ -98,7 +115,7 @@ def resnet50(folder: Path):
         t = time.perf_counter()
         og = predictor.trace(str(path), batch_size=64, mode=mode, loss_fn="cross_entropy")
         print(f"traced {path.name} ({mode}) in {time.perf_counter() - t:.1f} s")
-        yield compare("resnet50", fx, og, (8, 64, 256))
+        yield compare("resnet50", fx, og, (8, 64, 256)), compare_memory(fx, og, (8, 64, 256))
 
 
 def bert_large(folder: Path):
@@ -121,7 +138,7 @@ def bert_large(folder: Path):
         og = predictor.trace(str(path), batch_size=8, seq_len=512, mode=mode,
                              loss_fn="cross_entropy")
         print(f"traced {path.name} ({mode}) in {time.perf_counter() - t:.1f} s")
-        yield compare("bert-large", fx, og, (1, 8, 32))
+        yield compare("bert-large", fx, og, (1, 8, 32)), compare_memory(fx, og, (1, 8, 32))
 
 
 MODELS = {"resnet50": resnet50, "bert-large": bert_large}
@@ -134,12 +151,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="onnx-vs-fx-"))
     folder.mkdir(parents=True, exist_ok=True)
-    worst = 0.0
+    worst = worst_mem = 0.0
     for name in args.models.split(","):
-        for w in MODELS[name.strip()](folder):
-            worst = max(worst, w)
+        for w, m in MODELS[name.strip()](folder):
+            worst, worst_mem = max(worst, w), max(worst_mem, m)
     print(f"\nlargest iteration-time difference, ONNX vs fx: {worst:.2f} %")
-    return 0 if worst <= 5.0 else 1
+    print(f"largest peak-memory difference, ONNX vs fx: {worst_mem:.2f} %")
+    return 0 if worst <= 5.0 and worst_mem <= 10.0 else 1
 
 
 if __name__ == "__main__":

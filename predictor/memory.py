@@ -110,9 +110,10 @@ def _round_segments(nbytes: int) -> float:
 
 
 def has_profile(graph) -> bool:
-    """Whether `graph` carries a memory profile (traced PyTorch models do; ONNX
-    files do not): without one, peak memory is not predicted and whether a
-    configuration fits is not checked."""
+    """Whether `graph` carries a memory profile (traced models and ONNX files
+    do; a graph saved without one, or whose memory pass failed, does not):
+    without one, peak memory is not predicted and whether a configuration
+    fits is not checked."""
     return getattr(graph, "memory", None) is not None
 
 

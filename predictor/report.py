@@ -244,7 +244,7 @@ def render_html(result, graph=None, *, max_gpus: int = MAX_GPUS_PLOTTED,
             f"{html.escape(result.run.describe())} · {result.gpus_per_node} GPU(s) per configuration · "
             + (f"fits = peak ≤ {result.max_memory_fraction:.0%} of GPU memory · "
                if graph is None or has_profile(graph)
-               else "peak memory not predicted (an ONNX file has no memory profile): "
+               else "peak memory not predicted (the graph carries no memory profile): "
                     "whether a configuration fits is not checked · ")
             + ("±err = 90th percentile of |error| measured for predictions of the GPU's standing "
                "(trained on, unseen, tensor cores) · "

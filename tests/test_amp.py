@@ -351,6 +351,11 @@ def test_onnx_under_autocast_matches_the_fx_trace(block_onnx, amp):
     g32 = predictor.trace(block_onnx, batch_size=4096)
     assert predictor.predict(go, "A100-SXM4-80GB").iteration_ms \
         < predictor.predict(g32, "A100-SXM4-80GB").iteration_ms
+    # Peak memory: the half copies of the weights (held by the cast cache),
+    # half activations and fp32 gradients and optimizer state, as fx traces them.
+    for b in (64, 4096, 65536):
+        assert go.memory.peak([b])[0][0] == pytest.approx(gf.memory.peak([b])[0][0], rel=0.02)
+    assert go.memory.peak([4096])[0][0] < g32.memory.peak([4096])[0][0]
 
 
 def test_onnx_amp_refuses_a_half_precision_file(tmp_path):

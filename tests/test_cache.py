@@ -84,6 +84,17 @@ def test_source_hash_covers_the_tracing_modules():
     assert "predictor.frontend.fx" in cache.GRAPH_SOURCES
     h = cache.source_hash()
     assert len(h) == 64 and h != cache.source_hash(("predictor.lowering",))
+    # Every frontend module a trace runs decides what the cached graph holds
+    # (the memory pass's profile, autocast's dtypes, ...): a change to any of
+    # them must miss the cache.
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, predictor.frontend.fx, predictor.frontend.blocks; "
+         "print('\\n'.join(m for m in sys.modules if m.startswith('predictor.frontend.')))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert loaded and not set(loaded) - set(cache.GRAPH_SOURCES)
 
 
 def test_unreadable_file_is_a_miss(tmp_path):

@@ -177,9 +177,9 @@ def load_specs(files: Sequence[str]) -> None:
         hardware.load_specs(f)
 
 
-NO_MEMORY_NOTE = ("peak memory is not predicted for this graph (an ONNX file's has no memory "
-                  "profile; trace the PyTorch model for one): whether it fits in a GPU's memory "
-                  "is not checked (fits: empty in --json and --csv)")
+NO_MEMORY_NOTE = ("peak memory is not predicted for this graph (it carries no memory profile; "
+                  "trace the model again for one): whether it fits in a GPU's memory is not "
+                  "checked (fits: empty in --json and --csv)")
 
 
 def unknown_fits(df, graph):

@@ -8,8 +8,8 @@ import json
 from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argument,
                                        add_format_arguments, add_precision_arguments,
                                        add_spec_argument, add_step_arguments, batch_size_arg,
-                                       console, error_cell, json_records, load_specs, notes,
-                                       positive_int, precision_fields, precision_text,
+                                       console, error_cell, json_records, load_graph, load_specs,
+                                       notes, positive_int, precision_fields, precision_text,
                                        print_notes_stderr, step_text, targets, trace_from_args,
                                        unknown_fits)
 
@@ -24,8 +24,10 @@ def add_parser(sub) -> None:
         epilog="MODEL is a zoo name (`predictor zoo`), path/to/file.py:factory or "
                "package.module:factory (the factory returns (model, example_inputs)), or an "
                "exported ONNX model (model.onnx: its first input dim is the batch, other "
-               "symbolic dims take --seq-len).")
-    p.add_argument("model", metavar="MODEL", help="zoo name, factory spec or .onnx file")
+               "symbolic dims take --seq-len), or a graph saved with `predictor sweep MODEL "
+               "--save-graph G.npz` (-b then picks its batch).")
+    p.add_argument("model", metavar="MODEL",
+                   help="zoo name, factory spec, .onnx file or saved graph (.npz)")
     p.add_argument("-b", "--batch-size", type=batch_size_arg,
                    help="batch size (default: the model's)")
     p.add_argument("--gpus", default=None,
@@ -91,7 +93,12 @@ def run(args: argparse.Namespace) -> int:
     chosen = breakdown_device(args.breakdown_gpu, gpus)
     if chosen is not None and not args.breakdown:
         args.breakdown = 10
-    graph = trace_from_args(args)
+    if args.model.lower().endswith(".npz"):   # a saved graph, at -b or its own batch
+        batch = args.batch_size
+        graph = load_graph(args)
+        graph.batch_size = graph.check_batch(batch)
+    else:
+        graph = trace_from_args(args)
     if par is not None:
         return run_layout(args, graph, gpus, par, ck)
     if cal is not None:

@@ -30,6 +30,7 @@ from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor.frontend import autocast, blocks, float8, layout_pass, memory_pass, optimizers
 from predictor.frontend.cuda_paths import CudaPaths
+from predictor.io import printable
 from predictor.kernels import layout as L
 from predictor.limits import check_batch_size, check_seq_len
 from predictor.lowering import is_channels_last, lower
@@ -98,10 +99,7 @@ def default_loss(output: Any) -> torch.Tensor:
         loss = output.get("loss", loss)
     if isinstance(loss, torch.Tensor):
         return loss
-    first = _first_tensor(output)
-    if first is None:
-        raise TraceError("the model returned no tensor to build a loss from; pass loss_fn=")
-    return first.float().mean() if first.dtype.is_floating_point else first.sum().float()
+    return _mean_loss(output)
 
 
 def _first_tensor(x: Any) -> torch.Tensor | None:
@@ -115,6 +113,55 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
             if t is not None:
                 return t
     return None
+
+
+def _all_tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict) or hasattr(x, "values") and callable(x.values):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _all_tensors(item)]
+    return []
+
+
+def _mean_loss(output: Any) -> torch.Tensor:
+    """The mean of the first tensor the model returns."""
+    first = _first_tensor(output)
+    if first is None:
+        raise TraceError("the model returned no tensor to build a loss from; pass loss_fn=")
+    return first.float().mean() if first.dtype.is_floating_point else first.sum().float()
+
+
+def _cross_entropy_loss(output: Any) -> torch.Tensor:
+    """Class-index cross entropy of every floating tensor the model returns,
+    over its last dim, summed (targets: zeros), as the ONNX frontend's
+    ``loss="cross_entropy"`` synthesises it."""
+    ys = [t for t in _all_tensors(output) if t.dtype.is_floating_point and t.dim() >= 1]
+    if not ys:
+        raise TraceError("the model returned no floating tensor for a cross entropy")
+    total = None
+    for y in ys:
+        flat = y.reshape(-1, y.shape[-1])
+        target = torch.zeros(flat.shape[0], dtype=torch.long, device=y.device)
+        term = torch.nn.functional.cross_entropy(flat, target)
+        total = term if total is None else total + term
+    return total
+
+
+# Losses by name, as predictor.trace(..., loss_fn="cross_entropy") takes them
+# for a PyTorch model and an ONNX file alike.
+NAMED_LOSSES: dict[str, Callable] = {"mean": _mean_loss, "cross_entropy": _cross_entropy_loss}
+
+
+def _loss_by_name(loss_fn: Any) -> Callable | None:
+    if loss_fn is None or callable(loss_fn):
+        return loss_fn
+    if isinstance(loss_fn, str) and loss_fn in NAMED_LOSSES:
+        return NAMED_LOSSES[loss_fn]
+    raise InvalidArgumentError(
+        f"loss_fn must be a function (output -> scalar) or one of "
+        f"{', '.join(repr(n) for n in NAMED_LOSSES)}, got {printable(repr(loss_fn), 80)}")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -416,7 +463,10 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         ``file.py:factory`` spec, or an ``.onnx`` file (``predictor.frontend.onnx``).
     example_inputs: a tuple of tensors (only shapes and dtypes are used), a
         dict of keyword inputs, or a callable ``batch_size -> inputs``.
-    loss_fn: ``output -> scalar``; default ``.loss`` or the mean of the first tensor.
+    loss_fn: ``output -> scalar``, or a loss by name: "mean" (of the first output)
+        or "cross_entropy" (class-index cross entropy over the last dim of every
+        floating output, as an ONNX file takes them); default ``.loss`` or the
+        mean of the first tensor.
     optimizer: "adam", "adamw", "sgd" or None (no optimizer step), with "-loop"
         for PyTorch's for-loop step (foreach=False) and/or "+clip" for
         ``clip_grad_norm_`` before it (``predictor.frontend.optimizers``).
@@ -464,7 +514,8 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         from predictor.frontend.onnx import trace_onnx
         return trace_onnx(model, batch_size=batch_size, seq_len=seq_len, mode=mode,
                           optimizer=optimizer, loss=loss_fn or "mean", name=name, amp=amp)
-    spec = _spec_for(model, example_inputs, loss_fn, batch_dim, batch_size, seq_len, name)
+    spec = _spec_for(model, example_inputs, _loss_by_name(loss_fn), batch_dim, batch_size,
+                     seq_len, name)
     _check_positive(spec.batch_size, "batch size")
     start = time.perf_counter()
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None

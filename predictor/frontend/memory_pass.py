@@ -73,13 +73,14 @@ def _storage_key(t) -> int | None:
         return None
 
 
-def _size_of(t, scale2, sentinel: int | None) -> tuple[float, int]:
-    """(coef, power): the storage of `t` holds ``coef * b**power`` elements at
-    batch b. A dim that the lowering's BatchScaler maps to a multiple of the batch
-    contributes one power."""
+def _size_of(t, scale2, sentinel: int | None, storage: bool = True) -> tuple[float, int]:
+    """(coef, power): the storage of `t` (`storage` False: `t` itself, for a
+    workspace sized like an operand that may be a view) holds ``coef * b**power``
+    elements at batch b. A dim that the lowering's BatchScaler maps to a
+    multiple of the batch contributes one power."""
     power = sum(1 for d in t.shape if scale2.dim(int(d)) != int(d))
     try:
-        elems = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+        elems = t.untyped_storage().nbytes() // max(t.element_size(), 1) if storage else 0
     except Exception:  # noqa: BLE001
         elems = t.numel()
     elems = max(int(elems), int(t.numel()))
@@ -92,20 +93,29 @@ _CONV_OPS: set = set()
 _ATTN_BWD_OPS: set = set()
 
 
+def _overloads(names: tuple[str, ...]) -> set:
+    """Every overload of the named aten ops: a traced node's target is an
+    overload (``aten.convolution.default``), never the packet."""
+    aten = torch.ops.aten
+    out = set()
+    for name in names:
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            out.update(getattr(packet, o) for o in packet.overloads())
+    return out
+
+
 def _op_sets():
     if not _CONV_OPS:
-        aten = torch.ops.aten
-        for name in ("convolution", "_convolution", "convolution_backward", "cudnn_convolution",
-                     "mkldnn_convolution", "cudnn_convolution_transpose"):
-            if hasattr(aten, name):
-                _CONV_OPS.add(getattr(aten, name))
-        for name in ("_scaled_dot_product_flash_attention_for_cpu_backward",
-                     "_scaled_dot_product_flash_attention_backward",
-                     "_scaled_dot_product_efficient_attention_backward",
-                     "_scaled_dot_product_cudnn_attention_backward",
-                     "_flash_attention_backward", "_efficient_attention_backward"):
-            if hasattr(aten, name):
-                _ATTN_BWD_OPS.add(getattr(aten, name))
+        _CONV_OPS.update(_overloads((
+            "convolution", "_convolution", "convolution_backward", "cudnn_convolution",
+            "mkldnn_convolution", "cudnn_convolution_transpose")))
+        _ATTN_BWD_OPS.update(_overloads((
+            "_scaled_dot_product_flash_attention_for_cpu_backward",
+            "_scaled_dot_product_flash_attention_backward",
+            "_scaled_dot_product_efficient_attention_backward",
+            "_scaled_dot_product_cudnn_attention_backward",
+            "_flash_attention_backward", "_efficient_attention_backward")))
     return _CONV_OPS, _ATTN_BWD_OPS
 
 
@@ -225,7 +235,7 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
             biggest = max((t for a in node.all_input_nodes for t in _tensors(a.meta.get("val")))
                           , key=lambda t: t.numel(), default=None)
             if biggest is not None:
-                c, p = _size_of(biggest, scale2, sentinel)
+                c, p = _size_of(biggest, scale2, sentinel, storage=False)
                 add(c, p, dtypes.of_torch(biggest.dtype), idx, idx, WORKSPACE, CUDNN_WORKSPACE_CAP)
                 if origins is not None:
                     origins.append((idx, -1))
@@ -233,7 +243,7 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
             q = node.args[1] if len(node.args) > 1 else None   # (grad_out, q, k, v, ...)
             qv = q.meta.get("val") if isinstance(q, torch.fx.Node) else None
             if isinstance(qv, torch.Tensor):
-                c, p = _size_of(qv, scale2, sentinel)
+                c, p = _size_of(qv, scale2, sentinel, storage=False)
                 add(c, p, L.F32, idx, idx, WORKSPACE)
                 if origins is not None:
                     origins.append((idx, -1))

@@ -58,7 +58,7 @@ from predictor.errors import FileFormatError, InvalidArgumentError
 from predictor.io import printable
 from predictor.limits import check_batch_size, check_seq_len
 from predictor.families import TensorMeta
-from predictor.frontend import autocast, optimizers
+from predictor.frontend import autocast, onnx_memory, optimizers
 from predictor.frontend import training_synthesis as synthesis
 from predictor.frontend.training_synthesis import Call
 from predictor.frontend.onnx_load import (
@@ -186,6 +186,7 @@ class _Lowered:
     trainable: int
     param_bytes: int
     host_ops: list[int]   # aten ops the host dispatches per phase, views included
+    step: onnx_memory.Step | None = None   # what the memory pass reads
 
 
 def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str, OnnxValue],
@@ -207,9 +208,12 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
     # Where gradients flow, in node order: (inputs, outputs) of every call, and
     # of every view or identity (no kernel, but its output's gradient is its input's).
     edges: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+    aliases: dict[str, str] = {}   # a view or identity -> the value whose storage it shares
 
     def passthrough(node: onnx.NodeProto, inputs: list[int]) -> None:
         edges.append((tuple(node.input[i] for i in inputs), (node.output[0],)))
+        if inputs and node.input[inputs[0]]:
+            aliases[node.output[0]] = node.input[inputs[0]]
         if policy is not None and inputs:
             policy.view(node.input[inputs[0]], node.output[0])
 
@@ -281,6 +285,8 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
             mapped = [g for f in mapped for g in policy.apply(f)]
         for f in mapped:
             edges.append((tuple(_flat_sources(f.sources)), tuple(f.outputs)))
+            if f.free and f.outputs and f.sources and isinstance(f.sources[0], str):
+                aliases[f.outputs[0]] = f.sources[0]
         fwd.extend(mapped)
 
     # Parameters: float initializers (not scalars: those are constants) that
@@ -288,6 +294,7 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
     init_names = {i.name for i in graph.initializer}
     tied = _tied_initializers(graph)
     edges[:0] = [((orig,), (copy,)) for copy, orig in tied.items()]
+    aliases.update(tied)
     diff_params: set[str] = set()
     for node in nodes:
         for i in _diff_inputs(node, values):
@@ -301,8 +308,10 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
     # kernel-free ops eager PyTorch adds around each call.
     views += sum(1 for f in fwd if f.free)
     host_fwd = len(forward) + views + sum(_host(f, train)[0] for f in fwd)
+    step = _memory_step(graph, fwd, aliases, values, diff_params, tied, policy)
     if not train:
-        return _Lowered(forward, [], [], unsupported, n_params, 0, n_bytes, [host_fwd, 0, 0])
+        return _Lowered(forward, [], [], unsupported, n_params, 0, n_bytes, [host_fwd, 0, 0],
+                        step)
 
     # ---- which tensors carry a gradient: reachable from a parameter, and the loss from them.
     def floating(name: str) -> bool:
@@ -337,11 +346,14 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
                                 out=scalar))
     backward: list[Call] = list(loss_bwd)
     host_bwd = views + (1 if loss == "mean" and loss_bwd else 0)  # the mean's expand
-    for f in reversed(fwd):
+    for k in range(len(fwd) - 1, -1, -1):
+        f = fwd[k]
         if any(o in grad for o in f.outputs):
             needs = _needs(f.sources, grad)
-            backward.extend(synthesis.backward_calls(f.call, needs))
+            calls = synthesis.backward_calls(f.call, needs)
+            backward.extend(calls)
             host_bwd += _host(f, True, needs)[1]
+            step.backward.append((k, needs, calls))
     # A tensor read by k ops that each send it a gradient: k - 1 accumulating adds.
     uses: dict[str, int] = defaultdict(int)
     for ins, outs in edges:
@@ -359,9 +371,36 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
         unscale, update = synthesis.grad_scaler_calls([ctx.t(n) for n in trainable])
         opt = unscale + opt + update
     n_train = sum(values[n].numel for n in trainable)
-    host = [host_fwd + len(loss_fwd), host_bwd + len(backward), len(opt)]
+    # A cross entropy per output also flattens it (a view) and keeps its
+    # log_softmax (a detach) in the forward, and does both again in the
+    # backward, as the fx trace records them.
+    ce_host = 2 * sum(1 for c in loss_fwd if c.op is aten._log_softmax.default)
+    host = [host_fwd + len(loss_fwd) + ce_host, host_bwd + len(backward) + ce_host, len(opt)]
+    step.loss_fwd, step.loss_bwd, step.loss_outputs = loss_fwd, loss_bwd, list(loss_outputs)
+    for name, meta in zip(loss_outputs, loss_metas):
+        step.metas[name] = meta
+    step.trainable, step.optimizer, step.opt_calls = trainable, optimizer, opt
     return _Lowered(forward + loss_fwd, backward, opt, unsupported, n_params, n_train, n_bytes,
-                    host)
+                    host, step)
+
+
+def _memory_step(graph: onnx.GraphProto, fwd: list[_Fwd], aliases: dict[str, str],
+                 values: dict[str, OnnxValue], params: set[str], tied: dict[str, str],
+                 policy: OnnxAutocast | None) -> onnx_memory.Step:
+    """The forward half of what the memory pass reads; `_lower` adds the rest."""
+    metas = {n: TensorMeta(tuple(v.shape), v.dtype) for n, v in values.items()
+             if v is not None and v.shape is not None}
+    if policy is not None:   # values whose dtype autocast changed
+        metas = {n: TensorMeta(m.shape, policy.dtype_of(n, m)) for n, m in metas.items()}
+    inits = [i.name for i in graph.initializer]
+    buffers = [n for n in inits if n not in params and n not in tied
+               and n in metas and metas[n].numel > SHAPE_SIZED]
+    init_names = set(inits)
+    inputs = [i.name for i in graph.input if i.name not in init_names]
+    return onnx_memory.Step(entries=fwd, aliases=aliases, metas=metas, params=set(params),
+                            buffers=buffers, inputs=inputs,
+                            outputs=[o.name for o in graph.output],
+                            amp=policy.amp if policy is not None else None)
 
 
 # ============================================================ 5. rows ==
@@ -545,8 +584,15 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
                      loss=loss, amp=amp)
     table, scalable = _table([lowered.forward, lowered.backward, lowered.optimizer], sentinel,
                              batch, p)
+    memory, memory_note = None, None
+    try:
+        memory = onnx_memory.profile(lowered.step, sentinel, training=mode == "train")
+    except (ArithmeticError, TypeError, ValueError, IndexError, KeyError, AttributeError) as exc:
+        # Peak memory is an addition to the time prediction: without it the
+        # prediction stands, and the commands say that memory is not checked.
+        memory_note = f"peak memory could not be derived from {p.name}: {_one_line(exc)}"
     graph = Graph(
-        name=name or p.stem, ops=table, batch_size=batch, mode=mode, optimizer=optimizer,
+        name=name or p.stem, ops=table, memory=memory, batch_size=batch, mode=mode, optimizer=optimizer,
         seq_len=seq_len, parameters=lowered.params, trainable_parameters=lowered.trainable,
         parameter_bytes=lowered.param_bytes, unsupported=dict(lowered.unsupported),
         batch_scalable=scalable and sentinel is not None,
@@ -554,7 +600,8 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
     _set_host_ops(graph, lowered)
     graph = check_graph(graph, str(p))  # what the kernels can take, or a clear error
     # One-line notes the CLI prints (as the fx frontend's graph.notes).
-    graph.notes = [n for n in (folded_norm_note(nodes) if mode == "train" else None,) if n]
+    graph.notes = [n for n in (folded_norm_note(nodes) if mode == "train" else None,
+                               memory_note) if n]
     return graph
 
 

@@ -126,6 +126,47 @@ def backward_calls(call: Call, needs: tuple) -> list[Call]:
     return rule(call, needs)
 
 
+# ---- what autograd keeps for the backward ------------------------------------------
+# The forward tensors an op's backward reads (derivatives.yaml's saved values)
+# stay alive until that backward runs: most of a training step's peak memory.
+# A spec is (argument positions, output positions), or a function of (call,
+# needs) returning one; the memory pass of a synthesised step reads it.
+
+SavedSpec = Any
+SAVED: Registry = Registry("saved-for-backward rule")  # aten op -> SavedSpec
+NOTHING: tuple = ((), ())
+
+
+def _saves(spec: SavedSpec, *ops: Any) -> None:
+    for op in ops:
+        SAVED[op] = spec
+
+
+def saved_for_backward(call: Call, needs: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(argument positions, output positions) of the tensors the backward of
+    `call` reads; nothing when no input needs a gradient. An op without an
+    entry keeps what its default backward rule reads: a pointwise or an
+    unknown op its tensor inputs (and an unknown op its outputs), a reduction
+    its input, a copy nothing."""
+    if not any(needs):
+        return NOTHING
+    spec = SAVED.get(call.op)
+    if spec is None:
+        spec = SAVED.get(getattr(call.op, "overloadpacket", None))
+    if spec is None:
+        args = tuple(i for i, a in enumerate(call.args) if isinstance(a, TensorMeta))
+        packet_tags = tags(call.op) if call.kind is None else ()
+        if call.kind == "copy":
+            return NOTHING
+        if call.kind == "reduction" or (call.kind is None and torch.Tag.reduction in packet_tags
+                                        and torch.Tag.pointwise not in packet_tags):
+            return args[:1], ()
+        if call.kind == "elementwise" or torch.Tag.pointwise in packet_tags:
+            return args, ()
+        return args, tuple(range(len(tensors(call.out))))
+    return spec(call, needs) if callable(spec) else spec
+
+
 def _inputs_needing(call: Call, needs: tuple) -> list[TensorMeta]:
     return [a for a, n in zip(call.args, needs) if n and isinstance(a, TensorMeta)]
 
@@ -357,33 +398,37 @@ def _unary_bwd(*ops: Any, saved: str = "out") -> BackwardRule:
     return rule
 
 
-backward_rule(aten.relu)(_unary_bwd(aten.threshold_backward.default))
-backward_rule(aten.gelu)(_unary_bwd(aten.gelu_backward.default, saved="in"))
-backward_rule(aten.silu)(_unary_bwd(aten.silu_backward.default, saved="in"))
-backward_rule(aten.tanh)(_unary_bwd(aten.tanh_backward.default))
-backward_rule(aten.sigmoid)(_unary_bwd(aten.sigmoid_backward.default))
-backward_rule(aten.hardswish)(_unary_bwd(aten.hardswish_backward.default, saved="in"))
-backward_rule(aten.hardsigmoid)(_unary_bwd(aten.hardsigmoid_backward.default, saved="in"))
-backward_rule(aten.leaky_relu)(_unary_bwd(aten.leaky_relu_backward.default, saved="in"))
-backward_rule(aten.elu)(_unary_bwd(aten.elu_backward.default, saved="out"))
-backward_rule(aten.softplus)(_unary_bwd(aten.softplus_backward.default, saved="in"))
-backward_rule(aten.mish)(_unary_bwd(aten.mish_backward.default, saved="in"))
-backward_rule(aten.exp)(_unary_bwd(aten.mul.Tensor))
-backward_rule(aten.log)(_unary_bwd(aten.div.Tensor, saved="in"))
-backward_rule(aten.neg)(_unary_bwd(aten.neg.default, saved="none"))
-backward_rule(aten.sqrt)(_unary_bwd(aten.mul.Tensor, aten.div.Tensor))
-backward_rule(aten.rsqrt)(_unary_bwd(aten.pow.Tensor_Scalar, aten.mul.Tensor, aten.mul.Tensor))
-backward_rule(aten.reciprocal)(_unary_bwd(aten.mul.Tensor, aten.mul.Tensor, aten.neg.default))
-backward_rule(aten.pow)(_unary_bwd(aten.pow.Tensor_Scalar, aten.mul.Tensor, aten.mul.Tensor,
-                                   saved="in"))
-backward_rule(aten.erf)(_unary_bwd(aten.pow.Tensor_Scalar, aten.neg.default, aten.exp.default,
-                                   aten.mul.Tensor, aten.mul.Tensor, saved="in"))
-backward_rule(aten.sin)(_unary_bwd(aten.cos.default, aten.mul.Tensor, saved="in"))
-backward_rule(aten.cos)(_unary_bwd(aten.sin.default, aten.neg.default, aten.mul.Tensor,
-                                   saved="in"))
-backward_rule(aten.abs)(_unary_bwd(aten.sgn.default, aten.mul.Tensor, saved="in"))
-backward_rule(aten.clamp)(_unary_bwd(aten.ge.Scalar, aten.le.Scalar, aten.logical_and.default,
-                                     aten.where.self, saved="in"))
+def _unary(op: Any, *ops: Any, saved: str = "out") -> None:
+    """Register an elementwise op's backward (:func:`_unary_bwd`) and what it saves."""
+    backward_rule(op)(_unary_bwd(*ops, saved=saved))
+    _saves({"out": ((), (0,)), "in": ((0,), ()), "none": NOTHING}[saved], op)
+
+
+_unary(aten.relu, aten.threshold_backward.default)
+_unary(aten.gelu, aten.gelu_backward.default, saved="in")
+_unary(aten.silu, aten.silu_backward.default, saved="in")
+_unary(aten.tanh, aten.tanh_backward.default)
+_unary(aten.sigmoid, aten.sigmoid_backward.default)
+_unary(aten.hardswish, aten.hardswish_backward.default, saved="in")
+_unary(aten.hardsigmoid, aten.hardsigmoid_backward.default, saved="in")
+_unary(aten.leaky_relu, aten.leaky_relu_backward.default, saved="in")
+_unary(aten.elu, aten.elu_backward.default, saved="out")
+_unary(aten.softplus, aten.softplus_backward.default, saved="in")
+_unary(aten.mish, aten.mish_backward.default, saved="in")
+_unary(aten.exp, aten.mul.Tensor)
+_unary(aten.log, aten.div.Tensor, saved="in")
+_unary(aten.neg, aten.neg.default, saved="none")
+_unary(aten.sqrt, aten.mul.Tensor, aten.div.Tensor)
+_unary(aten.rsqrt, aten.pow.Tensor_Scalar, aten.mul.Tensor, aten.mul.Tensor)
+_unary(aten.reciprocal, aten.mul.Tensor, aten.mul.Tensor, aten.neg.default)
+_unary(aten.pow, aten.pow.Tensor_Scalar, aten.mul.Tensor, aten.mul.Tensor, saved="in")
+_unary(aten.erf, aten.pow.Tensor_Scalar, aten.neg.default, aten.exp.default,
+       aten.mul.Tensor, aten.mul.Tensor, saved="in")
+_unary(aten.sin, aten.cos.default, aten.mul.Tensor, saved="in")
+_unary(aten.cos, aten.sin.default, aten.neg.default, aten.mul.Tensor, saved="in")
+_unary(aten.abs, aten.sgn.default, aten.mul.Tensor, saved="in")
+_unary(aten.clamp, aten.ge.Scalar, aten.le.Scalar, aten.logical_and.default,
+       aten.where.self, saved="in")
 
 
 @backward_rule(aten.add, aten.sub)
@@ -507,6 +552,60 @@ def _gather_bwd(call: Call, needs: tuple) -> list[Call]:
 def _expand_bwd(call: Call, needs: tuple) -> list[Call]:
     x = call.args[0]
     return _sum_to(_first(call.out), x)
+
+
+# ---- what the rules above read from the forward (see saved_for_backward) -----------
+
+def _gemm_saves(call: Call, needs: tuple) -> tuple:
+    # Each operand's gradient reads the other operand.
+    off = 1 if getattr(call.op, "overloadpacket", call.op) is aten.addmm else 0
+    args = ((off + 1,) if needs[off] else ()) + ((off,) if needs[off + 1] else ())
+    return tuple(sorted(args)), ()
+
+
+def _conv_saves(call: Call, needs: tuple) -> tuple:
+    return ((1,) if needs[0] else ()) + ((0,) if needs[1] else ()), ()
+
+
+def _mul_saves(call: Call, needs: tuple) -> tuple:
+    args = [1 - i for i, n in enumerate(needs[:2]) if n and isinstance(call.args[1 - i], TensorMeta)]
+    return tuple(sorted(args)), ()
+
+
+def _div_saves(call: Call, needs: tuple) -> tuple:
+    args = {1} if needs[0] else set()
+    if len(needs) > 1 and needs[1]:
+        args |= {0, 1}
+    return tuple(sorted(i for i in args if isinstance(call.args[i], TensorMeta))), ()
+
+
+def _index_saves(call: Call, needs: tuple) -> tuple:
+    return tuple(i for i, a in enumerate(call.args) if isinstance(a, TensorMeta)
+                 and not a.dtype.is_floating_point), ()
+
+
+_saves(_gemm_saves, aten.mm, aten.addmm, aten.bmm)
+_saves(_conv_saves, aten.convolution)
+_saves(((), (0,)), aten._softmax, aten._log_softmax)
+_saves(((0, 2, 3), (1, 2)), aten.native_layer_norm)
+_saves(((0, 1), (1, 2)), aten.native_batch_norm, aten._native_batch_norm_legit_functional,
+       aten._native_batch_norm_legit, aten.native_group_norm)
+_saves(((0, 1, 2), (0, 1)), aten._scaled_dot_product_flash_attention,
+       aten._scaled_dot_product_efficient_attention,
+       aten._scaled_dot_product_flash_attention_for_cpu)
+_saves(((1,), ()), aten.embedding)
+_saves(((0,), (1,)), aten.max_pool2d_with_indices, aten.max_pool3d_with_indices)
+_saves(((0,), ()), aten.avg_pool2d, aten.avg_pool3d, aten._adaptive_avg_pool2d,
+       aten._adaptive_avg_pool3d)
+_saves(((), (1,)), aten.native_dropout)
+_saves(NOTHING, aten.mean, aten.sum, aten.add, aten.sub, aten.clone, aten._to_copy,
+       aten.constant_pad_nd, aten.reflection_pad2d, aten.cat, aten.slice, aten.select,
+       aten.split_with_sizes, aten.split, aten.expand, aten.repeat)
+_saves(_mul_saves, aten.mul)
+_saves(_div_saves, aten.div)
+_saves(((0,), ()), aten.where)
+_saves(((0, 1), ()), aten.maximum, aten.minimum)
+_saves(_index_saves, aten.gather, aten.index_select, aten.index)
 
 
 # ---- the loss -----------------------------------------------------------------------
