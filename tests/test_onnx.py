@@ -385,6 +385,66 @@ def test_named_losses_agree_across_frontends(tmp_path, loss):
         predictor.trace(net, (torch.randn(32, 64),), loss_fn="xent")
 
 
+def test_memory_pass_failure_is_a_note_not_a_crash(tmp_path, monkeypatch):
+    """Peak memory is an addition to the time: if the memory pass fails on a
+    file, the prediction stands and a note says why memory is missing."""
+    from predictor.frontend import onnx_memory
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])
+    path = _save(_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y],
+                        [_w("w", 64, 64)]), tmp_path)
+
+    def broken(*args, **kwargs):
+        raise ValueError("a storage of no size")
+
+    monkeypatch.setattr(onnx_memory, "profile", broken)
+    g = trace_onnx(path, batch_size=8)
+    assert g.memory is None
+    assert any("peak memory could not be derived" in n and "a storage of no size" in n
+               for n in g.notes)
+    assert predictor.predict(g, "T4").iteration_ms > 0
+
+
+def test_predict_takes_a_saved_graph_at_another_batch(tmp_path, capsys):
+    import json
+
+    from predictor import cli
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 256])
+    g = trace_onnx(_save(_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y],
+                                [_w("w", 256, 256)]), tmp_path), batch_size=8)
+    saved = str(g.save(tmp_path / "g.npz"))
+    assert cli.main(["predict", saved, "-b", "512", "--gpus", "T4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["batch_size"] == 512 and doc["predictions"][0]["fits"] is True
+    want = predictor.predict(g, "T4", batch_size=512).iteration_ms
+    assert doc["predictions"][0]["iteration_ms"] == pytest.approx(want, rel=1e-6)
+    # Options that change the trace cannot apply to a saved graph: one line.
+    assert cli.main(["predict", saved, "--inference"]) == 2
+    assert "cannot change a saved graph" in capsys.readouterr().err
+
+
+def test_cli_loss_option(tmp_path, capsys):
+    import json
+
+    from predictor import cli
+
+    torch.manual_seed(0)
+    path = export(_TwoHeads(), (torch.randn(2, 64),), tmp_path / "heads.onnx", ["x"], ["a", "b"],
+                  {"x": {0: "batch"}, "a": {0: "batch"}, "b": {0: "batch"}})
+    ops = {}
+    for loss in ("mean", "cross_entropy"):
+        assert cli.main(["predict", path, "-b", "64", "--gpus", "T4", "--loss", loss,
+                         "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        ops[loss] = doc["flops_per_iteration"]
+    assert ops["mean"] != ops["cross_entropy"]
+    assert cli.main(["predict", path, "--inference", "--loss", "mean"]) == 2
+    assert "--loss mean does not apply to --inference" in capsys.readouterr().err
+
+
 def _saved_bytes_by_autograd(fn, args) -> int:
     """Bytes of the tensors autograd saves for backward when `fn(*args)` runs."""
     saved: list[int] = []

@@ -69,6 +69,11 @@ def add_step_arguments(p: argparse.ArgumentParser, inference_help: str) -> None:
     p.add_argument("--seq-len", type=seq_len_arg, help="sequence length for text models")
     p.add_argument("--optimizer", default="adam", type=optimizer_arg, help=OPTIMIZER_HELP)
     p.add_argument("--inference", action="store_true", help=inference_help)
+    p.add_argument("--loss", default=None, choices=["mean", "cross_entropy"],
+                   help="the loss of the training step: mean of the first output, or "
+                        "cross_entropy (class indices) over the last dim of every output; "
+                        "default: the model's own (.loss, or the zoo model's), else mean "
+                        "(an ONNX file's)")
     p.add_argument("--amp", default=None, choices=["bf16", "fp16", "fp8"],
                    help="mixed precision as torch.autocast('cuda', dtype) runs it (fp16 with a "
                         "GradScaler; fp8: bf16 autocast with every nn.Linear whose dims are "
@@ -355,12 +360,18 @@ def trace_from_args(args: argparse.Namespace):
 
         raise InvalidArgumentError(f"--optimizer {args.optimizer} does not apply to --inference: "
                                    "an inference pass has no optimizer step")
+    if mode == "inference" and getattr(args, "loss", None) is not None:
+        from predictor.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"--loss {args.loss} does not apply to --inference: "
+                                   "an inference pass has no loss")
     optimizer = None if getattr(args, "optimizer", "adam") == "none" else args.optimizer
     from predictor.io import markup_safe
 
     with progress(f"tracing {markup_safe(args.model)} ..."):
         graph = predictor.trace(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                                 optimizer=optimizer, mode=mode, amp=getattr(args, "amp", None),
+                                loss_fn=getattr(args, "loss", None),
                                 memory_format=getattr(args, "memory_format", None))
     first_compile_notice()  # after the trace: a model that cannot be traced stays one line
     return graph
@@ -424,6 +435,7 @@ def load_graph(args: argparse.Namespace):
         traced_as = [flag for flag, given in (("--seq-len", args.seq_len is not None),
                                               ("--optimizer", args.optimizer != "adam"),
                                               ("--inference", args.inference),
+                                              ("--loss", getattr(args, "loss", None) is not None),
                                               ("--amp", getattr(args, "amp", None) is not None),
                                               ("--memory-format",
                                                getattr(args, "memory_format", None) is not None))
