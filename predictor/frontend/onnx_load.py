@@ -100,6 +100,10 @@ def _check_model(model: onnx.ModelProto, p: Path) -> None:
     g = model.graph
     names = [o.domain for o in model.opset_import]
     names += [v.name for v in list(g.input) + list(g.output) + list(g.value_info)]
+    # ... and for a symbolic dim's name (dim_param), which names the batch.
+    names += [d.dim_param for v in list(g.input) + list(g.output) + list(g.value_info)
+              if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
+              for d in v.type.tensor_type.shape.dim if d.HasField("dim_param")]
     names += [i.name for i in g.initializer]
     for node in g.node:
         names += [node.op_type, node.domain, node.name, *node.input, *node.output]
