@@ -202,6 +202,46 @@ class MemoryProfile:
 
 
 @dataclass
+class StorageColumns:
+    """A :class:`MemoryProfile`'s columns as a memory pass fills them, one
+    storage at a time (the fx and the ONNX frontends' passes)."""
+
+    coef: list = field(default_factory=list)
+    power: list = field(default_factory=list)
+    dtype: list = field(default_factory=list)
+    alloc: list = field(default_factory=list)
+    free: list = field(default_factory=list)
+    category: list = field(default_factory=list)
+    cap: list = field(default_factory=list)
+
+    def add(self, coef: float, power: int, dtype: int, alloc: int, free: int, category: int,
+            cap: int = 0) -> int:
+        """Record a storage; returns its index."""
+        self.coef.append(coef), self.power.append(power), self.dtype.append(dtype)
+        self.alloc.append(alloc), self.free.append(free), self.category.append(category)
+        self.cap.append(cap)
+        return len(self.coef) - 1
+
+    def use(self, entry: int | None, step: int) -> None:
+        """`entry` is read (or written) at `step`: it lives at least until then."""
+        if entry is not None and self.free[entry] < step:
+            self.free[entry] = step
+
+    def profile(self, n_steps: int, phase_marks: tuple[int, ...], training: bool, *,
+                category: np.ndarray | None = None,
+                free: np.ndarray | None = None) -> MemoryProfile:
+        """The profile, with `category` / `free` arrays in place of the
+        recorded ones where a pass revised them."""
+        return MemoryProfile(
+            coef=np.asarray(self.coef, np.float64), power=np.asarray(self.power, np.int64),
+            dtype=np.asarray(self.dtype, np.int64), alloc=np.asarray(self.alloc, np.int64),
+            free=np.asarray(self.free, np.int64) if free is None else free,
+            category=np.asarray(self.category, np.int64) if category is None else category,
+            cap=np.asarray(self.cap, np.int64), n_steps=n_steps,
+            phase_marks=tuple(phase_marks), training=training)
+
+
+@dataclass
 class LayoutProfile:
     """What tensor parallelism, pipeline stages and recomputation do to a
     traced step (``predictor.frontend.layout_pass``): every OpTable row split by

@@ -46,7 +46,7 @@ from predictor.lowering import BatchScaler
 from predictor.memory import CUDNN_WORKSPACE_CAP
 from predictor.optable import (
     ACTIVATIONS, BUFFERS, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, TEMPORARIES,
-    WORKSPACE, MemoryProfile,
+    WORKSPACE, MemoryProfile, StorageColumns,
 )
 
 # make_fx names placeholders after the traced step's arguments
@@ -163,28 +163,21 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
                 p = i + 1
         return p
 
-    coef: list[float] = []
-    power: list[int] = []
-    dtype: list[int] = []
-    alloc: list[int] = []
-    free: list[int] = []
-    cat: list[int] = []
-    cap: list[int] = []
+    cols = StorageColumns()
     last_phase: list[int] = []   # the latest phase that reads each storage
     index: dict[int, int] = {}   # storage key -> entry
     of_node: dict[Any, list[int]] = {}
     cached: list[int] = []       # 16-bit copies of parameters in autocast's cast cache
 
     def add(c: float, p: int, dt: int, a: int, f: int, category: int, cp: int = 0) -> int:
-        coef.append(c), power.append(p), dtype.append(dt), alloc.append(a), free.append(f)
-        cat.append(category), cap.append(cp), last_phase.append(phase_of(a))
-        return len(coef) - 1
+        last_phase.append(phase_of(a))
+        return cols.add(c, p, dt, a, f, category, cp)
 
     for idx, node in enumerate(nodes):
         if node.op == "output":
             for arg in node.all_input_nodes:
                 for e in of_node.get(arg, ()):
-                    free[e] = last
+                    cols.free[e] = last
             continue
         val = node.meta.get("val")
         entries: list[int] = []
@@ -220,16 +213,14 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
         ph = phase_of(idx)
         for arg in node.all_input_nodes:
             for e in of_node.get(arg, ()):
-                if free[e] < idx:
-                    free[e] = idx
+                cols.use(e, idx)
                 if ph > last_phase[e]:
                     last_phase[e] = ph
         for e in entries:  # an op writing in place into a storage also uses it
-            if free[e] < idx:
-                free[e] = idx
+            cols.use(e, idx)
         target = node.target
         if amp is not None and target is torch.ops.aten._to_copy.default and entries \
-                and _casts_a_parameter(node, of_node, cat):
+                and _casts_a_parameter(node, of_node, cols.category):
             cached.extend(entries)
         if target in conv_ops:
             biggest = max((t for a in node.all_input_nodes for t in _tensors(a.meta.get("val")))
@@ -248,23 +239,18 @@ def profile(gm, phase_marks: Sequence[int], sentinel: int | None,
                 if origins is not None:
                     origins.append((idx, -1))
 
-    coef_a = np.asarray(coef, np.float64)
-    cat_a = np.asarray(cat, np.int64)
-    alloc_a = np.asarray(alloc, np.int64)
-    free_a = np.asarray(free, np.int64)
+    cat_a = np.asarray(cols.category, np.int64)
+    free_a = np.asarray(cols.free, np.int64)
     if cached:
         region_end = marks[0] - 1 if training else last
         c = np.asarray(cached, np.int64)
         free_a[c] = np.maximum(free_a[c], region_end)
     if training and len(marks) >= 1:
-        born = np.asarray([phase_of(a) for a in alloc], np.int64)
+        born = np.asarray([phase_of(a) for a in cols.alloc], np.int64)
         read = np.asarray(last_phase, np.int64)
         made = cat_a == TEMPORARIES
         cat_a[made & (born == L.FORWARD) & (read >= L.BACKWARD)] = ACTIVATIONS
         grads = made & (born == L.BACKWARD) & (read == L.OPTIMIZER_PHASE)
         cat_a[grads] = GRADIENTS
         free_a[grads] = last
-    return MemoryProfile(coef=coef_a, power=np.asarray(power, np.int64),
-                         dtype=np.asarray(dtype, np.int64), alloc=alloc_a, free=free_a,
-                         category=cat_a, cap=np.asarray(cap, np.int64), n_steps=n_steps,
-                         phase_marks=marks, training=training)
+    return cols.profile(n_steps, marks, training, category=cat_a, free=free_a)

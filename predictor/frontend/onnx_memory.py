@@ -41,7 +41,7 @@ from predictor.kernels import layout as L
 from predictor.memory import CUDNN_WORKSPACE_CAP
 from predictor.optable import (
     ACTIVATIONS, BUFFERS, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, TEMPORARIES,
-    WORKSPACE, MemoryProfile,
+    WORKSPACE, MemoryProfile, StorageColumns,
 )
 
 aten = torch.ops.aten
@@ -78,14 +78,7 @@ def _names(sources) -> list:
 
 
 def profile(step: Step, sentinel: int | None, training: bool) -> MemoryProfile:
-    coef: list[float] = []
-    power: list[int] = []
-    dtype: list[int] = []
-    alloc: list[int] = []
-    free: list[int] = []
-    cat: list[int] = []
-    cap: list[int] = []
-
+    cols = StorageColumns()
     n_fwd = len(step.entries) + len(step.loss_fwd)
     bwd_start = n_fwd
     loss_end = bwd_start + max(len(step.loss_bwd), 1) - 1   # the loss's backward, a step a call
@@ -100,11 +93,8 @@ def profile(step: Step, sentinel: int | None, training: bool) -> MemoryProfile:
             numel *= int(d)
             if sentinel and d and int(d) % sentinel == 0:
                 p += 1
-        coef.append(numel / float(sentinel) ** p if p else float(numel))
-        power.append(p)
-        dtype.append(dtypes.of_torch(meta.dtype))
-        alloc.append(a), free.append(f), cat.append(category), cap.append(limit)
-        return len(coef) - 1
+        return cols.add(numel / float(sentinel) ** p if p else float(numel), p,
+                        dtypes.of_torch(meta.dtype), a, f, category, limit)
 
     def root(name: str) -> str:
         seen = 0
@@ -113,9 +103,7 @@ def profile(step: Step, sentinel: int | None, training: bool) -> MemoryProfile:
             seen += 1
         return name
 
-    def use(e: int | None, at: int) -> None:
-        if e is not None and free[e] < at:
-            free[e] = at
+    use = cols.use
 
     storage: dict[str, int] = {}   # root value -> storage
     for name in step.params:
@@ -172,18 +160,13 @@ def profile(step: Step, sentinel: int | None, training: bool) -> MemoryProfile:
         _backward(step, storage, made, root, add, use, bwd_start, loss_end, last)
         _optimizer(step, add, opt_start, last)
 
-    coef_a = np.asarray(coef, np.float64)
-    cat_a = np.asarray(cat, np.int64)
-    alloc_a = np.asarray(alloc, np.int64)
-    free_a = np.asarray(free, np.int64)
-    marks: tuple[int, ...] = (bwd_start, opt_start) if training else ()
-    if training:
-        saved = (cat_a == TEMPORARIES) & (alloc_a < bwd_start) & (free_a >= bwd_start)
+    cat_a = np.asarray(cols.category, np.int64)
+    if training:   # made in the forward, alive into the backward: kept for it
+        saved = (cat_a == TEMPORARIES) & (np.asarray(cols.alloc) < bwd_start) \
+            & (np.asarray(cols.free) >= bwd_start)
         cat_a[saved] = ACTIVATIONS
-    return MemoryProfile(coef=coef_a, power=np.asarray(power, np.int64),
-                         dtype=np.asarray(dtype, np.int64), alloc=alloc_a, free=free_a,
-                         category=cat_a, cap=np.asarray(cap, np.int64), n_steps=n_steps,
-                         phase_marks=marks, training=training)
+    return cols.profile(n_steps, (bwd_start, opt_start) if training else (), training,
+                        category=cat_a)
 
 
 def _backward(step: Step, storage, made, root, add, use, bwd_start: int, loss_end: int,
