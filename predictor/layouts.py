@@ -472,8 +472,10 @@ def check_layout_profile(graph) -> Any:
     if lp is None:
         raise InvalidArgumentError(
             f"{graph.name} has no layout analysis (an inference graph, an ONNX model or a "
-            "graph saved by an older version): trace the training step again to predict "
-            "parallel layouts or recomputation")
+            "graph saved by an older version): trace the PyTorch model's training step to "
+            "predict parallel layouts or recomputation; data parallelism alone (DDP) is "
+            "predicted for any training graph by `predictor search MODEL --gpus-per-node N` "
+            "(search(..., gpus_per_node=N))")
     n = len(graph.ops)
     m = len(lp.split_row)
     ok = (lp.split_row.shape == (m,) and lp.split_sbase.shape == (m, L.MAX_DIMS)

@@ -443,6 +443,10 @@ def test_cli_loss_option(tmp_path, capsys):
     assert ops["mean"] != ops["cross_entropy"]
     assert cli.main(["predict", path, "--inference", "--loss", "mean"]) == 2
     assert "--loss mean does not apply to --inference" in capsys.readouterr().err
+    # Layouts need the traced PyTorch model; data parallelism alone has a way.
+    assert cli.main(["predict", path, "--dp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no layout analysis" in err and "--gpus-per-node N" in err and len(err.splitlines()) == 1
 
 
 def _saved_bytes_by_autograd(fn, args) -> int:
