@@ -259,10 +259,17 @@ def test_a_factory_named_like_a_zoo_model_is_not_replicated(tmp_path):
     # a user's factory called gpt2 is the user's model, not the zoo's GPT-2
     spec = fx._spec_for("gpt2", None, None, 0, None, None, None)
     path = tmp_path / "mine.py"
-    path.write_text("def gpt2():\n    raise AssertionError('not called')\n")
+    path.write_text("import torch\n\ndef gpt2():\n"
+                    "    return torch.nn.Linear(4, 4), torch.zeros(2, 4)\n")
     tracer = fx._small_tracer("train", "adam", None, fx.SENTINEL_BATCH)
-    assert blocks.replicated_zoo(f"{path}:gpt2", spec, "train", "adam", None, tracer) is None
-    assert blocks.replicated_zoo("no-such-model", spec, "train", "adam", None, tracer) is None
+    mine = fx._entry_of(f"{path}:gpt2")
+    assert blocks.replicated_zoo(mine, spec, "train", "adam", None, tracer) is None
+    # nor a record that merely carries a zoo model's name
+    import dataclasses
+
+    twin = dataclasses.replace(fx._entry_of("gpt2"))
+    assert twin.name == "gpt2"
+    assert blocks.replicated_zoo(twin, spec, "train", "adam", None, tracer) is None
 
 
 def test_a_graph_field_it_does_not_know_makes_it_decline(monkeypatch):

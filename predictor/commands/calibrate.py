@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
         epilog="Example: predictor calibrate resnet50 --batch-size 64 -o resnet50.cal.npz && "
                "predictor sweep resnet50 --calibration resnet50.cal.npz --gpus all. "
                "A CPU calibration predicts that CPU only (other batch sizes, --gpus cpu).")
-    p.add_argument("model", metavar="MODEL", help="zoo name or factory spec")
+    p.add_argument("model", metavar="MODEL", help="zoo name, config.json or factory spec")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="calibration file to write (.npz)")
     p.add_argument("-b", "--batch-size", type=batch_size_arg,

@@ -21,13 +21,15 @@ def add_parser(sub) -> None:
         NAME, help="predict iteration time of a model on GPUs",
         description="Trace one training step of MODEL (forward, loss, backward, optimizer) "
                     "and predict its time on each GPU.",
-        epilog="MODEL is a zoo name (`predictor zoo`), path/to/file.py:factory or "
+        epilog="MODEL is a zoo name (`predictor zoo`), a Hugging Face config "
+               "(path/to/config.json: the model is built from it, no weights), "
+               "path/to/file.py:factory or "
                "package.module:factory (the factory returns (model, example_inputs)), or an "
                "exported ONNX model (model.onnx: its first input dim is the batch, other "
                "symbolic dims take --seq-len), or a graph saved with `predictor sweep MODEL "
                "--save-graph G.npz` (-b then picks its batch).")
     p.add_argument("model", metavar="MODEL",
-                   help="zoo name, factory spec, .onnx file or saved graph (.npz)")
+                   help="zoo name, config.json, factory spec, .onnx file or saved graph (.npz)")
     p.add_argument("-b", "--batch-size", type=batch_size_arg,
                    help="batch size (default: the model's)")
     p.add_argument("--gpus", default=None,

@@ -50,8 +50,10 @@ def add_parser(sub) -> None:
                "--epochs 90 | predictor search gpt2-large --gpus A100-SXM4-80GB,H100-SXM5-80GB "
                "--batch-sizes 1..64 --price H100-SXM5-80GB=2.49 --report out/ | "
                "predictor search resnet50 --gpus-per-node 8 --gpus A100-SXM4-80GB. "
-               "MODEL is a zoo name, a factory spec or a saved graph (.npz).")
-    p.add_argument("model", metavar="MODEL", help="zoo name, factory spec or saved graph (.npz)")
+               "MODEL is a zoo name, a Hugging Face config.json, a factory spec, an .onnx "
+               "file or a saved graph (.npz).")
+    p.add_argument("model", metavar="MODEL",
+                   help="zoo name, config.json, factory spec, .onnx file or saved graph (.npz)")
     p.add_argument("--objective", default="time", choices=["time", "cost", "throughput"],
                    help="time: least hours; cost: least USD; throughput: most samples/s "
                         "(default: time)")

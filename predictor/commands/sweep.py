@@ -25,11 +25,13 @@ def add_parser(sub) -> None:
         description="Trace one training step of MODEL once, then predict it for every "
                     "(GPU, batch size) combination and show the best batch size per GPU "
                     "by throughput.",
-        epilog="MODEL is a zoo name (`predictor zoo`), path/to/file.py:factory, "
+        epilog="MODEL is a zoo name (`predictor zoo`), a Hugging Face config.json, "
+               "path/to/file.py:factory, an .onnx file, "
                "package.module:factory, or a graph saved with --save-graph (.npz; "
                "no tracing, torch not needed). Example: predictor sweep resnet50 "
                "--gpus all --batch-sizes 1..1024 --plot sweep.png")
-    p.add_argument("model", metavar="MODEL", help="zoo name, factory spec or saved graph (.npz)")
+    p.add_argument("model", metavar="MODEL",
+                   help="zoo name, config.json, factory spec, .onnx file or saved graph (.npz)")
     p.add_argument("-b", "--batch-sizes", type=parse_batch_sizes, default=DEFAULT_BATCHES,
                    metavar="LIST",
                    help="comma-separated sizes and doubling ranges A..B "

@@ -51,7 +51,6 @@ import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from predictor import families, lowering, zoo
-from predictor.errors import UnknownModelError
 from predictor.frontend import autocast, layout_pass, memory_pass, optimizers
 from predictor.kernels import layout as L
 from predictor.lowering import BatchScaler
@@ -135,15 +134,14 @@ def zoo_stack(name: str) -> Stack | None:
     return None
 
 
-def replicated_zoo(model: str, spec, mode: str, optimizer: str | None, amp: str | None,
+def replicated_zoo(entry, spec, mode: str, optimizer: str | None, amp: str | None,
                    trace_small: Callable) -> Graph | None:
-    """:func:`replicated` for `model` when it names a zoo model with a known
-    stack (a factory spec never: its model is the user's); else None."""
-    try:
-        entry = zoo.get(model)
-    except UnknownModelError:
-        return None
-    stack = zoo_stack(entry.name)
+    """:func:`replicated` for the zoo record `entry` when its stack is known:
+    a zoo model's by name, a Hugging Face config's from its record (a factory
+    spec never: its model is the user's); else None."""
+    stack = zoo_stack(entry.name) if zoo.ZOO.get(entry.name) is entry else None
+    if stack is None and entry.stack is not None:
+        stack = Stack(*entry.stack)
     return None if stack is None else replicated(spec, stack, mode, optimizer, amp, trace_small)
 
 

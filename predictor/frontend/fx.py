@@ -217,13 +217,22 @@ def _batch_of(x: Any, batch_dim: int | None) -> int | None:
     return int(t.shape[batch_dim])
 
 
+def _entry_of(model: Any) -> zoo.ZooModel | None:
+    """The zoo record of a model given by name: a zoo name, a factory spec, a
+    Hugging Face config (``config.json`` or a ``PretrainedConfig``); None for
+    a module or a factory function."""
+    if isinstance(model, zoo.ZooModel):
+        return model
+    if isinstance(model, str) or zoo.hf_config.is_config(model) \
+            or zoo.hf_config.is_config_path(model):
+        return zoo.resolve(model)
+    return None
+
+
 def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_dim: int | None,
               batch_size: int | None, seq_len: int | None, name: str | None) -> _Spec:
-    if isinstance(model, str):
-        if model.lower().endswith(".onnx"):
-            raise InvalidArgumentError(
-                f"{model}: ONNX files are not supported by this version of the fx frontend")
-        entry = zoo.resolve(model)
+    entry = _entry_of(model)
+    if entry is not None:
         if seq_len is not None and entry.default_seq_len is None:
             # Never a sequence length in the results that the trace did not use.
             raise InvalidArgumentError(
@@ -514,13 +523,14 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
         from predictor.frontend.onnx import trace_onnx
         return trace_onnx(model, batch_size=batch_size, seq_len=seq_len, mode=mode,
                           optimizer=optimizer, loss=loss_fn or "mean", name=name, amp=amp)
-    spec = _spec_for(model, example_inputs, _loss_by_name(loss_fn), batch_dim, batch_size,
-                     seq_len, name)
+    entry = _entry_of(model)
+    spec = _spec_for(entry or model, example_inputs, _loss_by_name(loss_fn), batch_dim,
+                     batch_size, seq_len, name)
     _check_positive(spec.batch_size, "batch size")
     start = time.perf_counter()
     sentinel: int | None = SENTINEL_BATCH if batch_dim is not None else None
-    if replicate and memory_format is None and isinstance(model, str):
-        graph = blocks.replicated_zoo(model, spec, mode, optimizer, amp,
+    if replicate and memory_format is None and entry is not None:
+        graph = blocks.replicated_zoo(entry, spec, mode, optimizer, amp,
                                       _small_tracer(mode, optimizer, amp, sentinel))
         if graph is not None:
             return graph

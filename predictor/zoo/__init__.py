@@ -22,7 +22,7 @@ import functools
 
 from predictor.errors import UnknownModelError
 
-from . import hf, seq2seq, vision
+from . import hf, hf_config, seq2seq, vision
 from .base import ZooModel, classification_loss, token_loss
 from .factory import default_loss, load_factory
 
@@ -200,12 +200,19 @@ def get(name: str) -> ZooModel:
     hint = f"did you mean {', '.join(close[:3])}? " if close else ""
     raise UnknownModelError(
         f"unknown model '{name}': {hint}available: {', '.join(names())} "
-        "(run `predictor zoo` for details, or pass a factory as path/to/file.py:factory)"
+        "(run `predictor zoo` for details, pass a factory as path/to/file.py:factory, or a "
+        "Hugging Face config as path/to/config.json)"
     )
 
 
-def resolve(spec: str) -> ZooModel:
-    """A zoo name, else a factory spec (``file.py:fn`` / ``pkg.mod:fn``)."""
+def resolve(spec) -> ZooModel:
+    """A zoo name, else a Hugging Face config (``config.json``, or a
+    ``PretrainedConfig`` object), else a factory spec (``file.py:fn`` /
+    ``pkg.mod:fn``)."""
+    if hf_config.is_config(spec):
+        return hf_config.entry(spec)
+    if hf_config.is_config_path(spec):
+        return hf_config.entry_from_file(spec)
     try:
         return get(spec)
     except UnknownModelError:

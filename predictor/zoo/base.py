@@ -41,6 +41,12 @@ class ZooModel:
                         that fake mode (a user factory's one call), which the
                         tracer uses instead of calling ``build()`` again; None
                         for the zoo's own models.
+    stack:              (path, layers, build(k)): the ModuleList at `path` holds
+                        `layers` identical blocks and ``build(k)`` builds the
+                        model with k of them, so the tracer may trace 3 and
+                        assemble the rest (a model from a Hugging Face config);
+                        None: the zoo's own stacks are known by name
+                        (``predictor.frontend.blocks.zoo_stack``).
     """
 
     name: str
@@ -54,6 +60,7 @@ class ZooModel:
     batch_dim: int = 0
     inference_fn: "Callable[[], torch.nn.Module] | None" = None
     prebuilt: "tuple[Any, torch.nn.Module] | None" = None
+    stack: "tuple[str, int, Callable[[int], torch.nn.Module]] | None" = None
 
 
 def check_batch(batch_size: int) -> int:

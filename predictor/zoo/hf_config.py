@@ -1,0 +1,219 @@
+"""A Hugging Face config as a model: ``predictor predict path/to/config.json``.
+
+A text model's ``config.json`` (the file the hub shows beside the weights:
+no weights and no network are needed) or a ``transformers.PretrainedConfig``
+object becomes a :class:`ZooModel`:
+
+- **the model** is built with ``from_config`` (random init) in the class the
+  config's ``architectures`` names (``Qwen2ForCausalLM``, ``BertForMaskedLM``,
+  ...), else the causal-LM class of its ``model_type``, else the bare model;
+  no KV cache;
+- **attention**: a causal LM runs the zoo's Llama attention (SDPA with
+  ``is_causal`` and no mask tensor: flash attention on the GPU, as such
+  models train); other models transformers' ``sdpa``;
+- **inputs**: ``input_ids`` of (batch, seq), seq at most the config's
+  ``max_position_embeddings``;
+- **loss**: token cross entropy over the head's logits (a causal or masked
+  LM's vocabulary, a classifier's labels); BERT's pre-training heads sum
+  both, as the zoo's BERT; a bare model (no head) the mean of its output;
+- **repeated blocks**: the ModuleList of ``num_hidden_layers`` blocks is
+  found on a 2-block copy, so the trace covers 3 blocks and assembles the
+  rest (``predictor.frontend.blocks``), as for the zoo's transformers.
+
+``transformers`` is imported when a config is read, not before.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from predictor.errors import FileFormatError, InvalidArgumentError
+from predictor.io import printable, read_regular
+
+from . import hf
+from .base import ZooModel, check_batch, check_seq, token_loss
+
+MAX_CONFIG_BYTES = 1 << 20     # config.json files are a few KB
+DEFAULT_SEQ = 2048             # the sequence length when neither the user nor the config gives one
+DEFAULT_BATCH = 1
+
+
+def is_config_path(spec: Any) -> bool:
+    """Whether a model spec names a config file (``*.json``)."""
+    return isinstance(spec, (str, os.PathLike)) and str(spec).lower().endswith(".json")
+
+
+def is_config(obj: Any) -> bool:
+    """Whether `obj` is a ``transformers.PretrainedConfig`` (without importing
+    transformers when nothing could be one)."""
+    import sys
+
+    mod = sys.modules.get("transformers")
+    return mod is not None and isinstance(obj, mod.PretrainedConfig)
+
+
+def load(path: str | os.PathLike):
+    """The ``PretrainedConfig`` of a ``config.json``; a one-line error naming
+    the file for anything else."""
+    p = printable(os.fspath(path), 300)
+    raw = read_regular(path, MAX_CONFIG_BYTES, "Hugging Face config file (config.json)")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FileFormatError(f"{p}: not a JSON file ({printable(str(exc), 200)})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model_type"), str):
+        raise FileFormatError(f"{p}: not a Hugging Face config (no \"model_type\")")
+    import transformers
+
+    fields = {k: v for k, v in doc.items() if k not in ("model_type", "transformers_version")}
+    try:
+        return transformers.AutoConfig.for_model(doc["model_type"], **fields)
+    except ValueError as exc:
+        if "Unrecognized model" in str(exc) or doc["model_type"] not in \
+                transformers.CONFIG_MAPPING:
+            raise FileFormatError(
+                f"{p}: model_type {printable(doc['model_type'], 80)!r} is unknown to "
+                f"transformers {transformers.__version__}") from None
+        raise FileFormatError(f"{p}: {printable(' '.join(str(exc).split()), 300)}") from None
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise FileFormatError(f"{p}: {printable(' '.join(str(exc).split()), 300)}") from None
+
+
+def _model_class(config):
+    """(class or Auto class name, causal LM?) for `config`."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
+    if cls is not None and isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+        name = cls.__name__
+        return cls, name.endswith("ForCausalLM") or name.endswith("LMHeadModel")
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(
+            config, "is_encoder_decoder", False):
+        return "AutoModelForCausalLM", True
+    return "AutoModel", False
+
+
+def _build(config, layers: int | None = None) -> nn.Module:
+    cfg = copy.deepcopy(config)
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+    cls, causal = _model_class(cfg)
+    if causal:
+        if isinstance(cls, str):
+            return hf._causal_lm(cfg, attn=hf._register_causal_sdpa())
+        model = cls._from_config(cfg, attn_implementation=hf._register_causal_sdpa())
+        model.config.use_cache = False
+        model.register_forward_pre_hook(hf._position_ids_hook, with_kwargs=True)
+        return model
+    if isinstance(cls, str):
+        return hf._from_config(cls, cfg, attn="sdpa")
+    model = cls._from_config(cfg, attn_implementation="sdpa")
+    model.config.use_cache = False
+    return model
+
+
+def _head_loss(out: Any) -> torch.Tensor:
+    """Token cross entropy over the head's logits (both of BERT's pre-training
+    heads); a bare model's mean output."""
+    if hasattr(out, "keys"):
+        keys = set(out.keys())
+        if {"prediction_logits", "seq_relationship_logits"} <= keys:
+            return hf.bert_pretraining_loss(out)
+        if "logits" in keys:
+            return token_loss(out["logits"])
+        first = next(v for v in out.values() if isinstance(v, torch.Tensor))
+    else:
+        first = out[0] if isinstance(out, (tuple, list)) else out
+    return first.float().mean()
+
+
+def _stack_path(config) -> str | None:
+    """The path of the ModuleList holding the blocks, found on a 2-block copy
+    built on the meta device (no memory)."""
+    try:
+        with torch.device("meta"):
+            small = _build(config, 2)
+    except Exception:  # noqa: BLE001 - a config that cannot shrink: trace it whole
+        return None
+    lists = [name for name, m in small.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m) == 2
+             and type(m[0]) is type(m[1]) and any(True for _ in m[0].parameters())]
+    return lists[0] if len(lists) == 1 else None
+
+
+def _name_of(config, path: str | os.PathLike | None) -> str:
+    if path is not None:
+        p = Path(path)
+        # .../Qwen2-7B/config.json -> Qwen2-7B; my-model.json -> my-model
+        return (p.parent.name or p.stem) if p.stem == "config" else p.stem
+    archs = getattr(config, "architectures", None) or []
+    return str(getattr(config, "name_or_path", "") or (archs[0] if archs else config.model_type))
+
+
+def entry(config, name: str | None = None, path: str | os.PathLike | None = None) -> ZooModel:
+    """The :class:`ZooModel` of a ``PretrainedConfig`` (see the module docstring)."""
+    where = printable(os.fspath(path), 300) if path is not None else "the config"
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        raise InvalidArgumentError(
+            f"{where}: a {printable(config.model_type, 80)} config without a vocab_size is not a "
+            "text model; wrap the model in a factory (path/to/file.py:build, README 'Your own "
+            "model')")
+    if getattr(config, "is_encoder_decoder", False):
+        raise InvalidArgumentError(
+            f"{where}: {printable(config.model_type, 80)} is an encoder-decoder model, which "
+            "takes decoder inputs too; wrap it in a factory that returns them (path/to/file.py:"
+            "build, README 'Your own model')")
+    layers = getattr(config, "num_hidden_layers", None)
+    max_pos = getattr(config, "max_position_embeddings", None)
+    max_pos = max_pos if isinstance(max_pos, int) and max_pos > 0 else None
+    default_seq = min(DEFAULT_SEQ, max_pos) if max_pos else DEFAULT_SEQ
+    title = _name_of(config, path) if name is None else name
+    fill = 1 if vocab > 1 else 0
+
+    def make_inputs(batch_size: int, seq_len: int | None = None) -> tuple:
+        b = check_batch(batch_size)
+        s = check_seq(seq_len, default_seq, max_pos, title)
+        return (torch.full((b, s), fill, dtype=torch.long),)
+
+    path_in_model = _stack_path(config) if isinstance(layers, int) and layers > 4 else None
+    cls, causal = _model_class(config)
+    head = cls if isinstance(cls, str) else cls.__name__
+    return ZooModel(
+        name=title,
+        description=f"{head} from a Hugging Face config ({config.model_type}, "
+                    f"{layers} layers, vocabulary {vocab:,})",
+        family="text",
+        build=functools.partial(_build, config),
+        make_inputs=make_inputs,
+        loss_fn=_head_loss,
+        default_batch_size=DEFAULT_BATCH,
+        default_seq_len=default_seq,
+        stack=(path_in_model, layers, functools.partial(_build, config))
+        if path_in_model else None,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _entry_from_file(path: str, mtime_ns: int, size: int) -> ZooModel:
+    return entry(load(path), path=path)
+
+
+def entry_from_file(path: str | os.PathLike) -> ZooModel:
+    """:func:`entry` of a ``config.json`` (read once per version of the file)."""
+    try:
+        st = os.stat(path)
+        key = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (0, 0)   # load() says what is wrong with it
+    return _entry_from_file(os.fspath(path), *key)
