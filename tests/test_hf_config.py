@@ -38,6 +38,8 @@ def test_config_file_traces_with_its_blocks_once(tmp_path):
     g = predictor.trace(path, batch_size=2, seq_len=256, amp="bf16")
     full = predictor.trace(path, batch_size=2, seq_len=256, amp="bf16", replicate=False)
     assert g.name == "tiny-qwen" and g.seq_len == 256 and g.amp == "bf16"
+    # fp32 master weights, whatever dtype the released weights are stored in
+    assert g.parameter_bytes == 4 * g.parameters
     # The 3-block trace assembled for 8 blocks is the full trace.
     assert len(g.ops) == len(full.ops) and g.parameters == full.parameters
     for gpu in ("A100-SXM4-80GB", "H100-SXM5-80GB"):

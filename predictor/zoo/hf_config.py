@@ -7,7 +7,8 @@ object becomes a :class:`ZooModel`:
 - **the model** is built with ``from_config`` (random init) in the class the
   config's ``architectures`` names (``Qwen2ForCausalLM``, ``BertForMaskedLM``,
   ...), else the causal-LM class of its ``model_type``, else the bare model;
-  no KV cache;
+  no KV cache; in fp32 whatever the config's ``torch_dtype`` (how the released
+  weights are stored), so ``amp=`` / ``dtype=`` choose the precision;
 - **attention**: a causal LM runs the zoo's Llama attention (SDPA with
   ``is_causal`` and no mask tensor: flash attention on the GPU, as such
   models train); other models transformers' ``sdpa``;
@@ -107,6 +108,11 @@ def _build(config, layers: int | None = None) -> nn.Module:
     cfg = copy.deepcopy(config)
     if layers is not None:
         cfg.num_hidden_layers = layers
+    # A config's dtype is how its released weights are stored, not how the
+    # model trains: fp32 weights (amp= or dtype= choose the precision).
+    for attr in ("dtype", "torch_dtype"):
+        if getattr(cfg, attr, None) is not None:
+            setattr(cfg, attr, None)
     cls, causal = _model_class(cfg)
     if causal:
         if isinstance(cls, str):
