@@ -74,7 +74,9 @@ def load(path: str | os.PathLike):
         raise FileFormatError(f"{p}: not a Hugging Face config (no \"model_type\")")
     import transformers
 
-    fields = {k: v for k, v in doc.items() if k not in ("model_type", "transformers_version")}
+    # The weights' storage dtype does not apply (see _build).
+    fields = {k: v for k, v in doc.items()
+              if k not in ("model_type", "transformers_version", "torch_dtype", "dtype")}
     try:
         return transformers.AutoConfig.for_model(doc["model_type"], **fields)
     except ValueError as exc:
@@ -110,9 +112,9 @@ def _build(config, layers: int | None = None) -> nn.Module:
         cfg.num_hidden_layers = layers
     # A config's dtype is how its released weights are stored, not how the
     # model trains: fp32 weights (amp= or dtype= choose the precision).
-    for attr in ("dtype", "torch_dtype"):
-        if getattr(cfg, attr, None) is not None:
-            setattr(cfg, attr, None)
+    attr = "dtype" if "dtype" in vars(cfg) else "torch_dtype"   # transformers 5 / 4
+    if vars(cfg).get(attr) is not None:
+        setattr(cfg, attr, None)
     cls, causal = _model_class(cfg)
     if causal:
         if isinstance(cls, str):
