@@ -76,6 +76,11 @@ def test_cli_predicts_a_config_file(tmp_path, capsys):
     ({"model_type": "nonesuch"}, "unknown to transformers"),
     ({"model_type": "vit", "hidden_size": 64}, "not a text model"),
     ({"model_type": "t5", "vocab_size": 100, "d_model": 64, "num_layers": 2}, "encoder-decoder"),
+    # a config class builds per-layer lists: a billion layers would hang it
+    ({**QWEN_LIKE, "num_hidden_layers": 10**9}, "whole number of layers in 1..4,096"),
+    ({**QWEN_LIKE, "num_hidden_layers": -3}, "whole number of layers"),
+    ({**QWEN_LIKE, "hidden_size": "64"}, "hidden_size"),
+    ({"model_type": "[red]x[/red]"}, r"model_type '\[red\]x\[/red\]' is unknown"),
 ])
 def test_bad_config_files_are_one_line(tmp_path, content, message):
     path = _write(tmp_path, content, "bad")

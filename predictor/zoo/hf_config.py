@@ -45,6 +45,10 @@ from .base import ZooModel, check_batch, check_seq, token_loss
 MAX_CONFIG_BYTES = 1 << 20     # config.json files are a few KB
 DEFAULT_SEQ = 2048             # the sequence length when neither the user nor the config gives one
 DEFAULT_BATCH = 1
+# The layer counts a config may give, and their bound (the deepest released
+# transformers have a few hundred layers).
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+MAX_LAYERS = 4096
 
 
 def is_config_path(spec: Any) -> bool:
@@ -72,6 +76,13 @@ def load(path: str | os.PathLike):
         raise FileFormatError(f"{p}: not a JSON file ({printable(str(exc), 200)})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model_type"), str):
         raise FileFormatError(f"{p}: not a Hugging Face config (no \"model_type\")")
+    for key in LAYER_KEYS:   # a config builds per-layer lists: bound them first
+        n = doc.get(key)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int)
+                              or not 1 <= n <= MAX_LAYERS):
+            raise FileFormatError(
+                f"{p}: {key} must be a whole number of layers in 1..{MAX_LAYERS:,}, got "
+                f"{printable(repr(n), 80)}")
     import transformers
 
     # The weights' storage dtype does not apply (see _build).
@@ -86,7 +97,7 @@ def load(path: str | os.PathLike):
                 f"{p}: model_type {printable(doc['model_type'], 80)!r} is unknown to "
                 f"transformers {transformers.__version__}") from None
         raise FileFormatError(f"{p}: {printable(' '.join(str(exc).split()), 300)}") from None
-    except (TypeError, KeyError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the config class's own validation of the file
         raise FileFormatError(f"{p}: {printable(' '.join(str(exc).split()), 300)}") from None
 
 
