@@ -6,7 +6,8 @@
 
 Loaders: ONNX models (``predictor.trace("x.onnx")``), GPU spec files
 (``hardware.load_specs``), saved graphs (``Graph.load``), calibration files
-(``predictor.calibration.file.load``) and price files (``search.load_prices``).
+(``predictor.calibration.file.load``), price files (``search.load_prices``)
+and Hugging Face configs (``predictor.trace("config.json")``).
 Inputs are valid seed files (built here, small) mutated two ways: structure-
 aware (a dim set to 0, -1 or 2^62; an op renamed; an input rewired into a
 cycle; a spec field set to NaN; an array cast to another dtype ...) and raw
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-TARGETS = ("onnx", "spec", "graph", "calibration", "prices", "sizes", "cache")
+TARGETS = ("onnx", "spec", "graph", "calibration", "prices", "sizes", "cache", "hfconfig")
 INTERESTING_INTS = (0, 1, -1, 2, 3, 7, 1009, 2**15, 2**31 - 1, 2**31, 2**32, 2**40, 2**62,
                     -2**31, -2**63)
 INTERESTING_FLOATS = (0.0, -0.0, -1.0, 1e-300, 1e308, float("inf"), float("-inf"),
@@ -228,11 +229,23 @@ def _seed_cache(work: Path) -> list[bytes]:
     return out
 
 
+def _seed_hfconfig(work: Path) -> list[bytes]:
+    """Hugging Face config.json files of a small causal LM and a small BERT."""
+    qwen = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "max_position_embeddings": 512, "vocab_size": 1000,
+            "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+    bert = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "max_position_embeddings": 128, "vocab_size": 500}
+    return [json.dumps(qwen).encode(), json.dumps(bert).encode()]
+
+
 SEEDS = {"onnx": _seed_onnx, "spec": _seed_spec, "graph": _seed_graph,
          "calibration": _seed_calibration, "prices": _seed_prices, "sizes": _seed_sizes,
-         "cache": _seed_cache}
+         "cache": _seed_cache, "hfconfig": _seed_hfconfig}
 SUFFIX = {"onnx": ".onnx", "spec": ".toml", "graph": ".npz", "calibration": ".npz",
-          "prices": ".toml", "sizes": ".txt", "cache": ".bin"}
+          "prices": ".toml", "sizes": ".txt", "cache": ".bin", "hfconfig": ".json"}
 
 
 # ------------------------------------------------------------ mutators ----
@@ -489,9 +502,19 @@ def mutate_cache(data: bytes, c: Chooser) -> bytes:
                             b"\x80\x04\x95" + body, body + body))
 
 
+def mutate_hfconfig(data: bytes, c: Chooser) -> bytes:
+    """A field of the config set to an absurd value, or nesting beyond the
+    parser's recursion limit."""
+    if c.chance(8):
+        return b"[" * DEEP + b"]" * DEEP
+    doc = json.loads(data)
+    _mutate_json(doc, c)
+    return json.dumps(doc).encode()
+
+
 STRUCTURED = {"onnx": mutate_onnx, "spec": mutate_spec, "graph": mutate_npz,
               "calibration": mutate_npz, "prices": mutate_prices, "sizes": mutate_sizes,
-              "cache": mutate_cache}
+              "cache": mutate_cache, "hfconfig": mutate_hfconfig}
 
 
 def make_input(target: str, seeds: list[bytes], c: Chooser) -> bytes:
@@ -580,6 +603,10 @@ def run_loader(target: str, path: Path, work: Path) -> None:
         for k, v in load_prices(path).items():
             if not (math.isfinite(v) and 0 <= v <= 1e6):
                 raise Finding(f"price {k[:40]!r} = {v!r} accepted")
+    elif target == "hfconfig":
+        g = predictor.trace(str(path), batch_size=3, seq_len=8)
+        _clean_names([g.name, *g.unsupported, *g.ops.op_names], "hfconfig")
+        _finite_positive(predictor.predict(g, "T4").iteration_ms, "hfconfig")
     elif target == "sizes":
         _run_sizes(path, work)
     elif target == "cache":

@@ -528,8 +528,14 @@ def _use_prices(path):
     yield 1.0
 
 
+def _use_hfconfig(path):
+    import predictor
+
+    yield predictor.predict(predictor.trace(str(path), batch_size=3, seq_len=8), "T4").iteration_ms
+
+
 USE = {"spec": _use_spec, "graph": _use_graph, "onnx": _use_onnx, "calibration": _use_calibration,
-       "prices": _use_prices}
+       "prices": _use_prices, "hfconfig": _use_hfconfig}
 
 
 @pytest.mark.parametrize("path", sorted(DATA.glob("*")), ids=lambda p: p.name)

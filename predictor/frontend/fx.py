@@ -177,8 +177,10 @@ class _Spec:
     def __init__(self, name: str, build: Callable[[], Any], inputs: Callable[[int], Any],
                  loss_fn: Callable | None, batch_size: int, seq_len: int | None,
                  build_inference: Callable[[], Any] | None = None,
-                 prebuilt: tuple | None = None):
+                 prebuilt: tuple | None = None, source: str | None = None):
         self.name, self.build, self.inputs, self.loss_fn = name, build, inputs, loss_fn
+        # The file the model was read from (a Hugging Face config), named in errors.
+        self.source = source
         self.batch_size, self.seq_len = batch_size, seq_len
         self.build_inference = build_inference
         # (FakeTensorMode, module): a user factory's one call, traced in that
@@ -248,7 +250,8 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
             with FakeTensorMode(allow_non_fake_inputs=True):
                 entry.make_inputs(1, s)
         return _Spec(name or entry.name, entry.build, lambda n: entry.make_inputs(n, s),
-                     loss_fn or entry.loss_fn, b, s, entry.inference_fn, entry.prebuilt)
+                     loss_fn or entry.loss_fn, b, s, entry.inference_fn, entry.prebuilt,
+                     entry.source)
     if isinstance(model, torch.nn.Module):
         module = model
         build = lambda: module  # noqa: E731
@@ -542,7 +545,8 @@ def trace(model: Any, example_inputs: Any = None, *, loss_fn: Callable | None = 
     except PredictorError:
         raise
     except Exception as exc:  # noqa: BLE001 — any failure inside user code
-        raise TraceError(f"could not trace {spec.name}: {_one_line(exc)} ({_hint(exc)})") from exc
+        what = f"{spec.name} ({printable(spec.source, 300)})" if spec.source else spec.name
+        raise TraceError(f"could not trace {what}: {_one_line(exc)} ({_hint(exc)})") from exc
     seq = spec.seq_len if spec.seq_len is not None else spec.input_seq_len
     if (not isinstance(model, str) and spec.seq_len is not None
             and spec.input_seq_len not in (None, spec.seq_len)):

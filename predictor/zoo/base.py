@@ -47,6 +47,8 @@ class ZooModel:
                         assemble the rest (a model from a Hugging Face config);
                         None: the zoo's own stacks are known by name
                         (``predictor.frontend.blocks.zoo_stack``).
+    source:             the file the model was read from (a config.json), which
+                        a failed trace names; None for the others.
     """
 
     name: str
@@ -61,6 +63,7 @@ class ZooModel:
     inference_fn: "Callable[[], torch.nn.Module] | None" = None
     prebuilt: "tuple[Any, torch.nn.Module] | None" = None
     stack: "tuple[str, int, Callable[[int], torch.nn.Module]] | None" = None
+    source: "str | None" = None
 
 
 def check_batch(batch_size: int) -> int:

@@ -101,13 +101,19 @@ def load(path: str | os.PathLike):
         raise FileFormatError(f"{p}: {printable(' '.join(str(exc).split()), 300)}") from None
 
 
+def _architectures(config) -> list[str]:
+    """The class names the config's ``architectures`` lists (text only)."""
+    archs = getattr(config, "architectures", None)
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, (list, tuple)) else []
+
+
 def _model_class(config):
     """(class or Auto class name, causal LM?) for `config`."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    archs = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
+    archs = _architectures(config)
+    cls = getattr(transformers, archs[0], None) if archs else None
     if cls is not None and isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
         name = cls.__name__
         return cls, name.endswith("ForCausalLM") or name.endswith("LMHeadModel")
@@ -175,7 +181,7 @@ def _name_of(config, path: str | os.PathLike | None) -> str:
         p = Path(path)
         # .../Qwen2-7B/config.json -> Qwen2-7B; my-model.json -> my-model
         return (p.parent.name or p.stem) if p.stem == "config" else p.stem
-    archs = getattr(config, "architectures", None) or []
+    archs = _architectures(config)
     return str(getattr(config, "name_or_path", "") or (archs[0] if archs else config.model_type))
 
 
@@ -220,6 +226,7 @@ def entry(config, name: str | None = None, path: str | os.PathLike | None = None
         default_seq_len=default_seq,
         stack=(path_in_model, layers, functools.partial(_build, config))
         if path_in_model else None,
+        source=os.fspath(path) if path is not None else None,
     )
 
 
