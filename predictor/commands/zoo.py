@@ -26,5 +26,9 @@ def run(args: argparse.Namespace) -> int:
         m = zoo.get(name)
         table.add_row(m.name, m.family, str(m.default_batch_size),
                       str(m.default_seq_len or "-"), m.description)
-    console().print(table)
+    out = console()
+    out.print(table)
+    out.print("Other models: a Hugging Face text model's config.json (path/to/config.json), "
+              "a factory (path/to/file.py:build returning (model, example_inputs)), or an "
+              "exported .onnx file.", markup=False, style="dim")
     return 0
