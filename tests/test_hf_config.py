@@ -74,7 +74,8 @@ def test_cli_predicts_a_config_file(tmp_path, capsys):
     ("not json", "not a JSON file"),
     ({"hidden_size": 8}, 'no "model_type"'),
     ({"model_type": "nonesuch"}, "unknown to transformers"),
-    ({"model_type": "vit", "hidden_size": 64}, "not a text model"),
+    ({"model_type": "patchtst"}, "neither a vocab_size"),
+    ({**QWEN_LIKE, "model_type": "mixtral", "num_local_experts": 4}, "mixture-of-experts"),
     ({"model_type": "t5", "vocab_size": 100, "d_model": 64, "num_layers": 2}, "encoder-decoder"),
     # a config class builds per-layer lists: a billion layers would hang it
     ({**QWEN_LIKE, "num_hidden_layers": 10**9}, "whole number of layers in 1..4,096"),
@@ -87,6 +88,20 @@ def test_bad_config_files_are_one_line(tmp_path, content, message):
     with pytest.raises(PredictorError, match=message) as err:
         predictor.trace(path)
     assert "\n" not in str(err.value) and "config.json" in str(err.value)
+
+
+def test_image_model_config(tmp_path):
+    path = _write(tmp_path, {"architectures": ["ViTForImageClassification"],
+                             "model_type": "vit", "hidden_size": 64, "num_hidden_layers": 6,
+                             "num_attention_heads": 2, "intermediate_size": 128,
+                             "image_size": 64, "patch_size": 16, "num_channels": 3}, "vit-tiny")
+    g = predictor.trace(path, batch_size=8)
+    full = predictor.trace(path, batch_size=8, replicate=False)
+    assert g.name == "vit-tiny" and g.seq_len is None and len(g.ops) == len(full.ops)
+    assert predictor.predict(g, "A100-SXM4-80GB").iteration_ms == pytest.approx(
+        predictor.predict(full, "A100-SXM4-80GB").iteration_ms, rel=1e-9)
+    with pytest.raises(PredictorError, match="does not apply to vit-tiny"):
+        predictor.trace(path, seq_len=128)
 
 
 def test_sequence_beyond_the_positions_is_refused(tmp_path):

@@ -1,31 +1,38 @@
 """A Hugging Face config as a model: ``predictor predict path/to/config.json``.
 
-A text model's ``config.json`` (the file the hub shows beside the weights:
-no weights and no network are needed) or a ``transformers.PretrainedConfig``
-object becomes a :class:`ZooModel`:
+A ``config.json`` (the file the hub shows beside the weights: no weights and
+no network are needed) or a ``transformers.PretrainedConfig`` object becomes a
+:class:`ZooModel`:
 
 - **the model** is built with ``from_config`` (random init) in the class the
   config's ``architectures`` names (``Qwen2ForCausalLM``, ``BertForMaskedLM``,
-  ...), else the causal-LM class of its ``model_type``, else the bare model;
-  no KV cache; in fp32 whatever the config's ``torch_dtype`` (how the released
-  weights are stored), so ``amp=`` / ``dtype=`` choose the precision;
+  ``ViTForImageClassification``, ...), else the causal-LM class of its
+  ``model_type`` (text) or its image-classification class (images), else the
+  bare model; no KV cache; in fp32 whatever the config's ``torch_dtype`` (how
+  the released weights are stored), so ``amp=`` / ``dtype=`` choose the
+  precision;
 - **attention**: a causal LM runs the zoo's Llama attention (SDPA with
   ``is_causal`` and no mask tensor: flash attention on the GPU, as such
-  models train); other models transformers' ``sdpa``;
-- **inputs**: ``input_ids`` of (batch, seq), seq at most the config's
-  ``max_position_embeddings``;
-- **loss**: token cross entropy over the head's logits (a causal or masked
-  LM's vocabulary, a classifier's labels); BERT's pre-training heads sum
+  models train), a text encoder ``sdpa``, an image model its default; a
+  model that cannot run SDPA runs its eager attention;
+- **inputs**: a text model ``input_ids`` of (batch, seq), seq at most the
+  config's ``max_position_embeddings``; an image model ``pixel_values`` of
+  (batch, channels, size, size) at its ``image_size``;
+- **loss**: cross entropy over the head's logits (a causal or masked LM's
+  vocabulary per token, a classifier's labels); BERT's pre-training heads sum
   both, as the zoo's BERT; a bare model (no head) the mean of its output;
 - **repeated blocks**: the ModuleList of ``num_hidden_layers`` blocks is
   found on a 2-block copy, so the trace covers 3 blocks and assembles the
   rest (``predictor.frontend.blocks``), as for the zoo's transformers.
 
-``transformers`` is imported when a config is read, not before.
+Refused in one line naming the file: encoder-decoder models (their decoder
+inputs), mixture-of-experts models (routing by value), configs with neither a
+vocabulary nor image channels. ``transformers`` is imported when a config is
+read, not before.
 """
-
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -49,6 +56,13 @@ DEFAULT_BATCH = 1
 # transformers have a few hundred layers).
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 MAX_LAYERS = 4096
+# The expert counts of mixture-of-experts configs (Mixtral, Qwen-MoE, DeepSeek, DBRX).
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+# Image models: the input when the config gives no image_size, and bounds.
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_IMAGE_BATCH = 32
+MAX_IMAGE_SIZE = 8192
+MAX_CHANNELS = 64
 
 
 def is_config_path(spec: Any) -> bool:
@@ -107,16 +121,30 @@ def _architectures(config) -> list[str]:
     return [a for a in archs if isinstance(a, str)] if isinstance(archs, (list, tuple)) else []
 
 
+def _is_vision(config) -> bool:
+    """An image model: pixels in (``num_channels``), no token vocabulary."""
+    vocab = getattr(config, "vocab_size", None)
+    channels = getattr(config, "num_channels", None)
+    return not (isinstance(vocab, int) and vocab > 0) and isinstance(channels, int) \
+        and not isinstance(channels, bool) and channels > 0
+
+
 def _model_class(config):
     """(class or Auto class name, causal LM?) for `config`."""
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
     archs = _architectures(config)
     cls = getattr(transformers, archs[0], None) if archs else None
     if cls is not None and isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
         name = cls.__name__
         return cls, name.endswith("ForCausalLM") or name.endswith("LMHeadModel")
+    if _is_vision(config):
+        if config.model_type in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+            return "AutoModelForImageClassification", False
+        return "AutoModel", False
     if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(
             config, "is_encoder_decoder", False):
         return "AutoModelForCausalLM", True
@@ -133,18 +161,48 @@ def _build(config, layers: int | None = None) -> nn.Module:
     if vars(cfg).get(attr) is not None:
         setattr(cfg, attr, None)
     cls, causal = _model_class(cfg)
-    if causal:
-        if isinstance(cls, str):
-            return hf._causal_lm(cfg, attn=hf._register_causal_sdpa())
-        model = cls._from_config(cfg, attn_implementation=hf._register_causal_sdpa())
-        model.config.use_cache = False
-        model.register_forward_pre_hook(hf._position_ids_hook, with_kwargs=True)
-        return model
+    # Causal LMs: the zoo's fused causal attention; text encoders: PyTorch's
+    # fused attention; image models: their default. A model that cannot run
+    # SDPA (disentangled attention) runs its eager attention.
+    vision = _is_vision(cfg)
+    attn = hf._register_causal_sdpa() if causal else None if vision else "sdpa"
     if isinstance(cls, str):
-        return hf._from_config(cls, cfg, attn="sdpa")
-    model = cls._from_config(cfg, attn_implementation="sdpa")
+        import transformers
+
+        cls = getattr(transformers, cls)
+    # Image models' initialisers (a truncated normal) read values back, which
+    # fake tensors cannot: their weights are left uninitialised (never read).
+    with _no_init() if vision else contextlib.nullcontext():
+        try:
+            model = _instantiate(cls, copy.deepcopy(cfg), attn)
+        except ValueError as exc:
+            if attn is None or "attention implementation" not in str(exc):
+                raise
+            model = _instantiate(cls, cfg, "eager")
     model.config.use_cache = False
+    if causal:
+        model.register_forward_pre_hook(hf._position_ids_hook, with_kwargs=True)
     return model
+
+
+def _instantiate(cls, cfg, attn: str | None) -> nn.Module:
+    """`cls` (a model class or an Auto class) from `cfg`, with attention `attn`."""
+    kwargs = {} if attn is None else {"attn_implementation": attn}
+    make = cls.from_config if hasattr(cls, "_model_mapping") else cls._from_config
+    return make(cfg, **kwargs)
+
+
+def _no_init():
+    """transformers' ``no_init_weights`` (weights are never read: only shapes
+    matter), or nothing where this version has none."""
+    for where in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            module = __import__(where, fromlist=["no_init_weights"])
+        except ImportError:
+            continue
+        if hasattr(module, "no_init_weights"):
+            return module.no_init_weights()
+    return contextlib.nullcontext()
 
 
 def _head_loss(out: Any) -> torch.Tensor:
@@ -189,21 +247,29 @@ def entry(config, name: str | None = None, path: str | os.PathLike | None = None
     """The :class:`ZooModel` of a ``PretrainedConfig`` (see the module docstring)."""
     where = printable(os.fspath(path), 300) if path is not None else "the config"
     vocab = getattr(config, "vocab_size", None)
-    if not isinstance(vocab, int) or vocab < 1:
+    vision = _is_vision(config)
+    if not vision and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
         raise InvalidArgumentError(
-            f"{where}: a {printable(config.model_type, 80)} config without a vocab_size is not a "
-            "text model; wrap the model in a factory (path/to/file.py:build, README 'Your own "
-            "model')")
+            f"{where}: a {printable(config.model_type, 80)} config with neither a vocab_size "
+            "(text) nor num_channels (images); wrap the model in a factory "
+            "(path/to/file.py:build, README 'Your own model')")
+    experts = [getattr(config, k, None) for k in MOE_KEYS]
+    if any(isinstance(n, int) and not isinstance(n, bool) and n > 1 for n in experts):
+        raise InvalidArgumentError(
+            f"{where}: a mixture-of-experts model routes each token by its values, which a "
+            "static trace cannot follow; mixture-of-experts layers are not modelled")
     if getattr(config, "is_encoder_decoder", False):
         raise InvalidArgumentError(
             f"{where}: {printable(config.model_type, 80)} is an encoder-decoder model, which "
             "takes decoder inputs too; wrap it in a factory that returns them (path/to/file.py:"
             "build, README 'Your own model')")
     layers = getattr(config, "num_hidden_layers", None)
+    title = _name_of(config, path) if name is None else name
+    if vision:
+        return _vision_entry(config, title, layers, path)
     max_pos = getattr(config, "max_position_embeddings", None)
     max_pos = max_pos if isinstance(max_pos, int) and max_pos > 0 else None
     default_seq = min(DEFAULT_SEQ, max_pos) if max_pos else DEFAULT_SEQ
-    title = _name_of(config, path) if name is None else name
     fill = 1 if vocab > 1 else 0
 
     def make_inputs(batch_size: int, seq_len: int | None = None) -> tuple:
@@ -224,6 +290,40 @@ def entry(config, name: str | None = None, path: str | os.PathLike | None = None
         loss_fn=_head_loss,
         default_batch_size=DEFAULT_BATCH,
         default_seq_len=default_seq,
+        stack=(path_in_model, layers, functools.partial(_build, config))
+        if path_in_model else None,
+        source=os.fspath(path) if path is not None else None,
+    )
+
+
+def _vision_entry(config, title: str, layers, path) -> ZooModel:
+    """An image model's record: ``pixel_values`` of (batch, channels, size,
+    size) at the config's ``image_size`` (224 when it has none)."""
+    size = getattr(config, "image_size", None)
+    size = size[0] if isinstance(size, (list, tuple)) and size else size
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_IMAGE_SIZE:
+        size = DEFAULT_IMAGE_SIZE
+    channels = config.num_channels
+    if channels > MAX_CHANNELS:
+        raise InvalidArgumentError(
+            f"{printable(os.fspath(path), 300) if path is not None else 'the config'}: "
+            f"num_channels {channels:,} is beyond {MAX_CHANNELS:,}")
+
+    def make_inputs(batch_size: int, seq_len: int | None = None) -> tuple:
+        return (torch.randn(check_batch(batch_size), channels, size, size),)
+
+    path_in_model = _stack_path(config) if isinstance(layers, int) and layers > 4 else None
+    cls, _ = _model_class(config)
+    head = cls if isinstance(cls, str) else cls.__name__
+    return ZooModel(
+        name=title,
+        description=f"{head} from a Hugging Face config ({config.model_type}, "
+                    f"{channels}x{size}x{size} images)",
+        family="vision",
+        build=functools.partial(_build, config),
+        make_inputs=make_inputs,
+        loss_fn=_head_loss,
+        default_batch_size=DEFAULT_IMAGE_BATCH,
         stack=(path_in_model, layers, functools.partial(_build, config))
         if path_in_model else None,
         source=os.fspath(path) if path is not None else None,
