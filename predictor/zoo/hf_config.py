@@ -263,10 +263,32 @@ def entry(config, name: str | None = None, path: str | os.PathLike | None = None
             f"{where}: {printable(config.model_type, 80)} is an encoder-decoder model, which "
             "takes decoder inputs too; wrap it in a factory that returns them (path/to/file.py:"
             "build, README 'Your own model')")
-    layers = getattr(config, "num_hidden_layers", None)
     title = _name_of(config, path) if name is None else name
-    if vision:
-        return _vision_entry(config, title, layers, path)
+    inputs = _image_inputs(config, where) if vision else _token_inputs(config, title)
+    make_inputs, default_seq, what = inputs
+    layers = getattr(config, "num_hidden_layers", None)
+    path_in_model = _stack_path(config) if isinstance(layers, int) and layers > 4 else None
+    cls, _ = _model_class(config)
+    head = cls if isinstance(cls, str) else cls.__name__
+    return ZooModel(
+        name=title,
+        description=f"{head} from a Hugging Face config ({config.model_type}, {what})",
+        family="vision" if vision else "text",
+        build=functools.partial(_build, config),
+        make_inputs=make_inputs,
+        loss_fn=_head_loss,
+        default_batch_size=DEFAULT_IMAGE_BATCH if vision else DEFAULT_BATCH,
+        default_seq_len=default_seq,
+        stack=(path_in_model, layers, functools.partial(_build, config))
+        if path_in_model else None,
+        source=os.fspath(path) if path is not None else None,
+    )
+
+
+def _token_inputs(config, title: str):
+    """(make_inputs, default sequence, description) of a text model:
+    ``input_ids`` of (batch, seq), seq at most the config's positions."""
+    vocab = config.vocab_size
     max_pos = getattr(config, "max_position_embeddings", None)
     max_pos = max_pos if isinstance(max_pos, int) and max_pos > 0 else None
     default_seq = min(DEFAULT_SEQ, max_pos) if max_pos else DEFAULT_SEQ
@@ -277,57 +299,26 @@ def entry(config, name: str | None = None, path: str | os.PathLike | None = None
         s = check_seq(seq_len, default_seq, max_pos, title)
         return (torch.full((b, s), fill, dtype=torch.long),)
 
-    path_in_model = _stack_path(config) if isinstance(layers, int) and layers > 4 else None
-    cls, causal = _model_class(config)
-    head = cls if isinstance(cls, str) else cls.__name__
-    return ZooModel(
-        name=title,
-        description=f"{head} from a Hugging Face config ({config.model_type}, "
-                    f"{layers} layers, vocabulary {vocab:,})",
-        family="text",
-        build=functools.partial(_build, config),
-        make_inputs=make_inputs,
-        loss_fn=_head_loss,
-        default_batch_size=DEFAULT_BATCH,
-        default_seq_len=default_seq,
-        stack=(path_in_model, layers, functools.partial(_build, config))
-        if path_in_model else None,
-        source=os.fspath(path) if path is not None else None,
-    )
+    layers = getattr(config, "num_hidden_layers", None)
+    return make_inputs, default_seq, f"{layers} layers, vocabulary {vocab:,}"
 
 
-def _vision_entry(config, title: str, layers, path) -> ZooModel:
-    """An image model's record: ``pixel_values`` of (batch, channels, size,
-    size) at the config's ``image_size`` (224 when it has none)."""
+def _image_inputs(config, where: str):
+    """(make_inputs, None, description) of an image model: ``pixel_values`` of
+    (batch, channels, size, size) at the config's ``image_size`` (224 when it
+    has none)."""
     size = getattr(config, "image_size", None)
     size = size[0] if isinstance(size, (list, tuple)) and size else size
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_IMAGE_SIZE:
         size = DEFAULT_IMAGE_SIZE
     channels = config.num_channels
     if channels > MAX_CHANNELS:
-        raise InvalidArgumentError(
-            f"{printable(os.fspath(path), 300) if path is not None else 'the config'}: "
-            f"num_channels {channels:,} is beyond {MAX_CHANNELS:,}")
+        raise InvalidArgumentError(f"{where}: num_channels {channels:,} is beyond {MAX_CHANNELS:,}")
 
     def make_inputs(batch_size: int, seq_len: int | None = None) -> tuple:
         return (torch.randn(check_batch(batch_size), channels, size, size),)
 
-    path_in_model = _stack_path(config) if isinstance(layers, int) and layers > 4 else None
-    cls, _ = _model_class(config)
-    head = cls if isinstance(cls, str) else cls.__name__
-    return ZooModel(
-        name=title,
-        description=f"{head} from a Hugging Face config ({config.model_type}, "
-                    f"{channels}x{size}x{size} images)",
-        family="vision",
-        build=functools.partial(_build, config),
-        make_inputs=make_inputs,
-        loss_fn=_head_loss,
-        default_batch_size=DEFAULT_IMAGE_BATCH,
-        stack=(path_in_model, layers, functools.partial(_build, config))
-        if path_in_model else None,
-        source=os.fspath(path) if path is not None else None,
-    )
+    return make_inputs, None, f"{channels}x{size}x{size} images"
 
 
 @functools.lru_cache(maxsize=16)
