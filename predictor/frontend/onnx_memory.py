@@ -37,7 +37,6 @@ from predictor.families import TensorMeta, tensors
 from predictor.frontend import optimizers
 from predictor.frontend import training_synthesis as synthesis
 from predictor.frontend.training_synthesis import Call
-from predictor.kernels import layout as L
 from predictor.memory import CUDNN_WORKSPACE_CAP
 from predictor.optable import (
     ACTIVATIONS, BUFFERS, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, TEMPORARIES,
