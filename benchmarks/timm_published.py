@@ -23,6 +23,10 @@ and the loss, no GradScaler; `--channels-last` for the NHWC files.
   (`sgd-loop`; without momentum: one kernel a parameter fewer).
 - *Inference*: `model.eval()`, forward under autocast and `no_grad`.
 
+The vision transformers (``VIT_PUBLISHED``, their own table) are traced
+from Hugging Face ViT configs of timm's shapes, the path a user's
+``config.json`` takes; their parameter counts equal timm's.
+
 timm's ResNets are torchvision's layer for layer (Bottleneck v1.5, a 3 x 3
 stride-2 max pool; its global pool is a mean, torchvision's an adaptive
 average pool: the same kernel work), traced from the zoo's ResNet with 3-4-6-3,
@@ -70,11 +74,40 @@ PUBLISHED = [
 RESNET_BLOCKS = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3),
                  "resnet152": (3, 8, 36, 3)}
 
+# Vision transformers, a table of their own: traced from Hugging Face ViT
+# configs of timm's shapes (predictor.zoo.hf_config; a 1,000-class head and
+# qkv biases, as timm's), with attention as timm ran it under torch 1.12 (no
+# fused SDPA then): q k^T, softmax and @ v, each a kernel ("eager").
+# name: (hidden, layers, heads, MLP width, patch)
+VIT_SHAPES = {"vit_small_patch16_224": (384, 12, 6, 1536, 16),
+              "vit_base_patch16_224": (768, 12, 12, 3072, 16),
+              "vit_large_patch32_224": (1024, 24, 16, 4096, 32)}
+VIT_PUBLISHED = [
+    ("train", "vit_small_patch16_224", "RTX-3090", "nchw", 384, 1052.92, TRAIN_NCHW),
+    ("train", "vit_base_patch16_224", "RTX-3090", "nchw", 192, 390.86, TRAIN_NCHW),
+    ("train", "vit_large_patch32_224", "RTX-3090", "nchw", 256, 521.73, TRAIN_NCHW),
+]
+
+
+def vit_config(model: str):
+    """The Hugging Face ViT config of timm's `model` (see VIT_SHAPES)."""
+    from transformers import AutoConfig
+
+    hidden, layers, heads, mlp, patch = VIT_SHAPES[model]
+    return AutoConfig.for_model(
+        "vit", hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=mlp, patch_size=patch, image_size=224, num_channels=3,
+        qkv_bias=True, id2label={str(i): str(i) for i in range(1000)},
+        architectures=["ViTForImageClassification"], attn_implementation="eager")
+
 
 def _trace(model: str, batch: int, fmt: str, mode: str):
     import predictor
     from predictor.zoo import vision
 
+    if model in VIT_SHAPES:
+        return predictor.trace(vit_config(model), batch_size=batch, amp="fp16",
+                               optimizer="sgd-loop", mode=mode, name=f"timm-{model}")
     if model in RESNET_BLOCKS:
         build, inputs = (lambda: vision.ResNet(RESNET_BLOCKS[model])), vision.resnet50_inputs
     else:
@@ -146,7 +179,17 @@ def main(argv=None) -> int:
         print(f"| {r['mode']} | {r['model']} | {r['gpu']} | {r['published']:.2f} "
               f"| {r['predicted']:.2f} |")
     print()
-    print("Sources: " + "; ".join(sorted({r["source"] for r in rows})))
+    vit = run(VIT_PUBLISHED)
+    print("Vision transformers, traced from Hugging Face ViT configs of timm's shapes:")
+    print()
+    print("| model | GPU | batch | published samples/s | predicted | error |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for r in vit:
+        print(f"| {r['model']} | {r['gpu']} | {r['batch']} | {r['published']:,.1f} "
+              f"| {r['predicted']:,.1f} | {r['error_pct']:+.1f} % |")
+    print(f"mean |error| {np.mean([abs(r['error_pct']) for r in vit]):.1f} % over {len(vit)}")
+    print()
+    print("Sources: " + "; ".join(sorted({r["source"] for r in rows + vit})))
     return 0
 
 

@@ -5,19 +5,21 @@ row priced end to end."""
 import math
 
 import pytest
+import torch
 
 import predictor
 from benchmarks import timm_published as tp
 
 # timm's files give param_count in millions, two decimals.
 TIMM_PARAMS_M = {"resnet50": 25.56, "resnet101": 44.55, "resnet152": 60.19,
-                 "inception_v3": 23.83}
+                 "inception_v3": 23.83, "vit_small_patch16_224": 22.05,
+                 "vit_base_patch16_224": 86.57, "vit_large_patch32_224": 306.54}
 
 
 def test_every_row_names_a_known_gpu_a_mode_a_format_and_a_source():
     known = set(predictor.gpus()["id"])
     keys = set()
-    for mode, model, gpu, fmt, batch, published, source in tp.PUBLISHED:
+    for mode, model, gpu, fmt, batch, published, source in tp.PUBLISHED + tp.VIT_PUBLISHED:
         assert gpu in known, gpu
         assert mode in ("train", "inference") and fmt in ("nchw", "nhwc")
         assert model in TIMM_PARAMS_M
@@ -33,7 +35,12 @@ def test_every_row_names_a_known_gpu_a_mode_a_format_and_a_source():
 def test_the_traced_models_are_timms(model):
     from predictor.zoo import vision
 
-    if model in tp.RESNET_BLOCKS:
+    if model in tp.VIT_SHAPES:
+        from predictor.zoo import hf_config
+
+        with torch.device("meta"):
+            module = hf_config.entry(tp.vit_config(model)).build()
+    elif model in tp.RESNET_BLOCKS:
         module = vision.ResNet(tp.RESNET_BLOCKS[model])
     else:
         module = vision.Inception3(aux_logits=False)
@@ -48,6 +55,8 @@ def test_a_row_is_priced_and_the_format_ratio_reads_both_rows():
         assert math.isfinite(r["predicted"]) and r["predicted"] > 0
         assert r["error_pct"] == pytest.approx(
             100 * (r["predicted"] - r["published"]) / r["published"])
+    (vit,) = tp.run(tp.VIT_PUBLISHED[:1])
+    assert math.isfinite(vit["predicted"]) and vit["predicted"] > 0
     (ratio,) = tp.format_ratios(rows)
     assert ratio["published"] == pytest.approx(1218.01 / 826.06)
     # Channels-last skips cuDNN's layout transposes: predicted faster too.

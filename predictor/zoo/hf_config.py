@@ -11,10 +11,11 @@ no network are needed) or a ``transformers.PretrainedConfig`` object becomes a
   bare model; no KV cache; in fp32 whatever the config's ``torch_dtype`` (how
   the released weights are stored), so ``amp=`` / ``dtype=`` choose the
   precision;
-- **attention**: a causal LM runs the zoo's Llama attention (SDPA with
-  ``is_causal`` and no mask tensor: flash attention on the GPU, as such
-  models train), a text encoder ``sdpa``, an image model its default; a
-  model that cannot run SDPA runs its eager attention;
+- **attention**: the config's ``attn_implementation`` when it names one;
+  else a causal LM runs the zoo's Llama attention (SDPA with ``is_causal``
+  and no mask tensor: flash attention on the GPU, as such models train), a
+  text encoder ``sdpa``, an image model its default; a model that cannot run
+  SDPA runs its eager attention;
 - **inputs**: a text model ``input_ids`` of (batch, seq), seq at most the
   config's ``max_position_embeddings``; an image model ``pixel_values`` of
   (batch, channels, size, size) at its ``image_size``;
@@ -166,6 +167,9 @@ def _build(config, layers: int | None = None) -> nn.Module:
     # SDPA (disentangled attention) runs its eager attention.
     vision = _is_vision(cfg)
     attn = hf._register_causal_sdpa() if causal else None if vision else "sdpa"
+    # ... unless the config names one ("attn_implementation": "eager": the
+    # scores as their own matmul, softmax and matmul kernels).
+    attn = getattr(cfg, "_attn_implementation", None) or attn
     if isinstance(cls, str):
         import transformers
 
