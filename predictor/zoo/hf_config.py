@@ -117,7 +117,7 @@ def load(path: str | os.PathLike):
 
 
 def _architectures(config) -> list[str]:
-    """The class names the config's ``architectures`` lists (text only)."""
+    """The class names the config's ``architectures`` lists (other entries ignored)."""
     archs = getattr(config, "architectures", None)
     return [a for a in archs if isinstance(a, str)] if isinstance(archs, (list, tuple)) else []
 
