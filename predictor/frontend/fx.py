@@ -103,19 +103,12 @@ def default_loss(output: Any) -> torch.Tensor:
 
 
 def _first_tensor(x: Any) -> torch.Tensor | None:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, dict) or hasattr(x, "values") and callable(x.values):
-        x = list(x.values())
-    if isinstance(x, (list, tuple)):
-        for item in x:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    return None
+    found = _all_tensors(x)
+    return found[0] if found else None
 
 
 def _all_tensors(x: Any) -> list[torch.Tensor]:
+    """Every tensor in a model's output or inputs (containers and their values, in order)."""
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, dict) or hasattr(x, "values") and callable(x.values):

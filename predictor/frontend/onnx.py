@@ -186,7 +186,7 @@ class _Lowered:
     trainable: int
     param_bytes: int
     host_ops: list[int]   # aten ops the host dispatches per phase, views included
-    step: onnx_memory.Step | None = None   # what the memory pass reads
+    step: onnx_memory.Step   # what the memory pass reads
 
 
 def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str, OnnxValue],
@@ -592,7 +592,8 @@ def trace_onnx(path: str | Path, *, batch_size: int | None = None, seq_len: int 
         # prediction stands, and the commands say that memory is not checked.
         memory_note = f"peak memory could not be derived from {p.name}: {_one_line(exc)}"
     graph = Graph(
-        name=name or p.stem, ops=table, memory=memory, batch_size=batch, mode=mode, optimizer=optimizer,
+        name=name or p.stem, ops=table, memory=memory, batch_size=batch, mode=mode,
+        optimizer=optimizer,
         seq_len=seq_len, parameters=lowered.params, trainable_parameters=lowered.trainable,
         parameter_bytes=lowered.param_bytes, unsupported=dict(lowered.unsupported),
         batch_scalable=scalable and sentinel is not None,

@@ -568,7 +568,8 @@ def _conv_saves(call: Call, needs: tuple) -> tuple:
 
 
 def _mul_saves(call: Call, needs: tuple) -> tuple:
-    args = [1 - i for i, n in enumerate(needs[:2]) if n and isinstance(call.args[1 - i], TensorMeta)]
+    args = [1 - i for i, n in enumerate(needs[:2])
+            if n and isinstance(call.args[1 - i], TensorMeta)]
     return tuple(sorted(args)), ()
 
 
