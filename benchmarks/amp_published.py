@@ -10,15 +10,16 @@ figures. Each row: (model, GPU, precision, batch size per GPU, published
 samples/s, source). Precision "tf32" is fp32 with TF32 matmuls and convolutions
 (what NVIDIA's "TF32" columns run), "fp32" is fp32 on a GPU without TF32, "amp"
 is each script's mixed precision: torch.autocast fp16 with a GradScaler for
-ResNet-50, apex O2 (a 16-bit model with fp32 master weights) for BERT-large
-(`program`; `--bert-amp autocast` traces those rows under autocast instead).
-BERT-large's step clips its gradients, and its fp32 optimizer updates one
+ResNet-50, apex O2 (a 16-bit model with fp32 master weights) for BERT's SQuAD
+runs (`program`; `--bert-amp autocast` traces those rows under autocast
+instead). BERT's step clips its gradients, and its fp32 optimizer updates one
 parameter at a time, as run_squad.py's do (`bert_optimizer`).
 
 Two publishers: NVIDIA's own DeepLearningExamples READMEs (A100, V100) and
 Lambda's PyTorch benchmark tables (github.com/lambdal/deeplearning-benchmark,
 which run the same DeepLearningExamples scripts on 1 GPU of each of its
-machines: ResNet-50 v1.5 and BERT-large SQuAD fine-tuning at sequence 384).
+machines: ResNet-50 v1.5, and BERT-large and BERT-base SQuAD fine-tuning at
+sequence 384).
 The summary gives the mean |error| and the Spearman rank correlation across
 GPUs for each publisher, model and precision (a ranking is only taken within
 one publisher: the two run different batch sizes and software).
@@ -29,6 +30,9 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+
+# The SQuAD fine-tuning runs (run_squad.py), by the BERT size they train.
+SQUAD_MODELS = {"bert-large-squad": "large", "bert-base-squad": "base"}
 
 RN50 = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
         "'Training performance results', 1 GPU, pytorch-21.03 NGC container")
@@ -63,7 +67,7 @@ def memory_format(model: str, precision: str, source: str) -> str | None:
 # parameter where BertAdam runs 9 to 11, without its own second norm), the
 # AMP path's FusedAdam all at once (multi-tensor, as `adamw`).
 def bert_optimizer(how: str) -> str:
-    """The optimizer a BERT-large row's step is traced with."""
+    """The optimizer a BERT SQuAD row's step is traced with."""
     return "adamw-loop+clip" if how == "fp32" else "adamw+clip"
 
 
@@ -73,7 +77,7 @@ def program(model: str, precision: str, bert_amp: str = "o2") -> str:
     instead), 'autocast' (the other AMP runs), 'fp32'."""
     if precision != "amp":
         return "fp32"
-    return bert_amp if model == "bert-large-squad" else "autocast"
+    return bert_amp if model in SQUAD_MODELS else "autocast"
 
 
 BERT = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md, 'Fine-tuning "
@@ -148,6 +152,26 @@ PUBLISHED += [
     ("bert-large-squad", "RTX-A6000", "tf32", 32, 33.0, LAMBDA_FP32),
     ("bert-large-squad", "RTX-4090", "tf32", 16, 44.0, LAMBDA_FP32),
     ("bert-large-squad", "H100-PCIE-80GB", "tf32", 64, 97.0, LAMBDA_FP32),
+    # BERT-base, the same run_squad.py fine-tuning and 100 steps (Lambda's
+    # PyTorch_bert_base_squad_* parameters), at its own batch sizes.
+    ("bert-base-squad", "V100-SXM2-16GB", "amp", 48, 189.0, LAMBDA_AMP),
+    ("bert-base-squad", "RTX-3090", "amp", 96, 172.0, LAMBDA_AMP),
+    ("bert-base-squad", "A100-PCIE-40GB", "amp", 160, 368.0, LAMBDA_AMP),
+    ("bert-base-squad", "A100-PCIE-80GB", "amp", 320, 415.0, LAMBDA_AMP),
+    ("bert-base-squad", "A100-SXM4-80GB", "amp", 320, 443.0, LAMBDA_AMP),
+    ("bert-base-squad", "RTX-6000-ADA", "amp", 192, 255.0, LAMBDA_AMP),
+    ("bert-base-squad", "RTX-A6000", "amp", 192, 198.0, LAMBDA_AMP),
+    ("bert-base-squad", "RTX-4090", "amp", 96, 297.0, LAMBDA_AMP),
+    ("bert-base-squad", "H100-PCIE-80GB", "amp", 320, 567.0, LAMBDA_AMP),
+    ("bert-base-squad", "V100-SXM2-16GB", "fp32", 24, 42.0, LAMBDA_FP32),
+    ("bert-base-squad", "RTX-3090", "tf32", 48, 85.0, LAMBDA_FP32),
+    ("bert-base-squad", "A100-PCIE-40GB", "tf32", 80, 179.0, LAMBDA_FP32),
+    ("bert-base-squad", "A100-PCIE-80GB", "tf32", 172, 224.0, LAMBDA_FP32),
+    ("bert-base-squad", "A100-SXM4-80GB", "tf32", 172, 239.0, LAMBDA_FP32),
+    ("bert-base-squad", "RTX-6000-ADA", "tf32", 96, 136.0, LAMBDA_FP32),
+    ("bert-base-squad", "RTX-A6000", "tf32", 96, 101.0, LAMBDA_FP32),
+    ("bert-base-squad", "RTX-4090", "tf32", 48, 137.0, LAMBDA_FP32),
+    ("bert-base-squad", "H100-PCIE-80GB", "tf32", 172, 292.0, LAMBDA_FP32),
 ]
 
 
@@ -218,11 +242,14 @@ def summary(rows) -> list[dict]:
 SQUAD_SEQ = 384
 
 
-def _bert_squad():
-    """BERT-large with a span head (BertForQuestionAnswering), as run_squad.py trains it."""
+def _bert_squad(size: str):
+    """A factory of BERT-`size` with a span head (BertForQuestionAnswering),
+    as run_squad.py trains it."""
     from predictor.zoo import hf
 
-    return hf._from_config("AutoModelForQuestionAnswering", hf.bert_config("bert-large"))
+    def build():
+        return hf._from_config("AutoModelForQuestionAnswering", hf.bert_config(f"bert-{size}"))
+    return build
 
 
 def _squad_inputs(batch: int) -> dict:
@@ -246,17 +273,17 @@ def _trace(model: str, batch: int, amp, fmt=None, mode: str = "train",
            optimizer: str = "adamw+clip"):
     import predictor
 
-    if model == "bert-large-squad":
-        return predictor.trace(_bert_squad, _squad_inputs, loss_fn=_squad_loss,
-                               batch_size=batch, amp=amp, optimizer=optimizer,
-                               name="bert-large-squad", memory_format=fmt, mode=mode)
+    if model in SQUAD_MODELS:
+        return predictor.trace(_bert_squad(SQUAD_MODELS[model]), _squad_inputs,
+                               loss_fn=_squad_loss, batch_size=batch, amp=amp,
+                               optimizer=optimizer, name=model, memory_format=fmt, mode=mode)
     return predictor.trace(model, batch_size=batch, amp=amp, memory_format=fmt, mode=mode)
 
 
 def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> list[dict]:
     """Predicted against published throughput for each row of `table`
     (default PUBLISHED, training steps; PUBLISHED_INFERENCE with
-    mode="inference"). `bert_amp` traces BERT-large's AMP rows as their
+    mode="inference"). `bert_amp` traces BERT's SQuAD AMP rows as their
     scripts run them ('o2', `program`) or under torch.autocast ('autocast')."""
     import predictor
 
@@ -269,7 +296,7 @@ def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> l
         amp = "fp16" if how == "autocast" else None
         fmt = memory_format(model, prec, source)
         opt = bert_optimizer(how)
-        key = (model, amp, fmt, opt if model == "bert-large-squad" else None)
+        key = (model, amp, fmt, opt if model in SQUAD_MODELS else None)
         if key not in graphs:
             graphs[key] = _trace(model, batch, amp, fmt, mode, opt)
         p = predictor.predict(graphs[key], gpu, batch_size=batch,
@@ -286,7 +313,7 @@ def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> l
     return out
 
 
-# Lambda's BERT-large runs stop after 100 optimizer steps (`max_steps` "100"
+# Lambda's BERT SQuAD runs stop after 100 optimizer steps (`max_steps` "100"
 # in pytorch/scripts/config_v1/config_pytorch_*.sh), and run_squad.py divides
 # batch x 100 by the wall time of its whole training loop, the first steps'
 # start-up included (its loop runs 101 steps: it breaks once global_step
@@ -295,7 +322,7 @@ LAMBDA_BERT_STEPS = 100
 
 
 def implied_startup(rows) -> list[dict]:
-    """For Lambda's BERT-large rows: the seconds outside the predicted steps
+    """For Lambda's BERT SQuAD rows: the seconds outside the predicted steps
     that the published figure implies if each step took what is predicted,
     `batch x 100 / published - 101 x predicted step`. A diagnostic, not a
     fit: a start-up cost inside the timed loop would show as a similar figure
@@ -303,13 +330,13 @@ def implied_startup(rows) -> list[dict]:
     the step's time."""
     out = []
     for r in rows:
-        if r["model"] != "bert-large-squad" or publisher(r["source"]) != "Lambda":
+        if r["model"] not in SQUAD_MODELS or publisher(r["source"]) != "Lambda":
             continue
         step_s = r["batch"] / r["predicted"]
         timed_s = r["batch"] * LAMBDA_BERT_STEPS / r["published"]
         outside = timed_s - (LAMBDA_BERT_STEPS + 1) * step_s
-        out.append({"gpu": r["gpu"], "precision": r["precision"], "batch": r["batch"],
-                    "step_ms": 1e3 * step_s, "timed_s": timed_s, "outside_s": outside,
+        out.append({"model": r["model"], "gpu": r["gpu"], "precision": r["precision"],
+                    "batch": r["batch"], "step_ms": 1e3 * step_s, "timed_s": timed_s, "outside_s": outside,
                     "outside_pct": 100.0 * outside / timed_s})
     return out
 
@@ -361,7 +388,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None,
                     help="comma-separated models of the table (default: all)")
     ap.add_argument("--bert-amp", choices=("o2", "autocast"), default="o2",
-                    help="trace BERT-large's AMP rows as DeepLearningExamples runs them (apex "
+                    help="trace BERT's SQuAD AMP rows as DeepLearningExamples runs them (apex "
                          "O2: a 16-bit model, the default) or under torch.autocast")
     args = ap.parse_args(argv)
     models = None if args.models is None else args.models.split(",")
@@ -384,12 +411,13 @@ def main(argv=None) -> int:
         print(f"{model}: mean |error| {e.mean():.1f} % over {len(e)} figures")
     startup = implied_startup(rows)
     if startup:
-        print("\nLambda's BERT-large runs: seconds outside the predicted steps that each "
+        print("\nLambda's BERT SQuAD runs: seconds outside the predicted steps that each "
               f"published figure implies ({LAMBDA_BERT_STEPS} timed steps):\n")
-        print("| GPU | precision | batch | predicted step ms | timed s | outside s | share |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        print("| model | GPU | precision | batch | predicted step ms | timed s | outside s "
+              "| share |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for r in startup:
-            print(f"| {r['gpu']} | {r['precision']} | {r['batch']} | {r['step_ms']:.1f} | "
+            print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | {r['step_ms']:.1f} | "
                   f"{r['timed_s']:.1f} | {r['outside_s']:.1f} | {r['outside_pct']:.1f} % |")
     factors = implied_memory_factor(rows)
     if factors:

@@ -15,7 +15,7 @@ def test_every_row_names_a_known_gpu_a_precision_and_a_source():
     arch = dict(zip(predictor.gpus()["id"], predictor.gpus()["architecture"]))
     for model, gpu, prec, batch, published, source in ap.PUBLISHED + ap.PUBLISHED_INFERENCE:
         assert gpu in known, gpu
-        assert model in ("resnet50", "bert-large-squad")
+        assert model in ("resnet50", "bert-large-squad", "bert-base-squad")
         assert prec in ("fp32", "tf32", "amp")
         assert isinstance(batch, int) and batch > 0
         assert math.isfinite(published) and published > 0
@@ -45,7 +45,7 @@ def test_inference_rows_are_nvidias_and_channels_last_under_amp():
 
 
 def test_at_least_six_gpus_per_model_and_precision_from_one_publisher():
-    for model in ("resnet50", "bert-large-squad"):
+    for model in ("resnet50", "bert-large-squad", "bert-base-squad"):
         for prec in (("amp",), ("fp32", "tf32")):
             gpus = {g for m, g, p, _, _, s in ap.PUBLISHED
                     if m == model and p in prec and ap.publisher(s) == "Lambda"}
@@ -125,3 +125,13 @@ def test_an_unknown_model_is_a_one_line_error_naming_the_table(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "no published figures for bert-large" in err and "bert-large-squad" in err
+
+
+def test_both_bert_sizes_are_traced_as_run_squad_runs_them():
+    for model in ("bert-large-squad", "bert-base-squad"):
+        assert ap.program(model, "amp") == "o2" and ap.program(model, "tf32") == "fp32"
+    assert set(ap.SQUAD_MODELS.values()) == {"large", "base"}
+    rows = [{"model": "bert-base-squad", "gpu": "X", "precision": "amp", "batch": 10,
+             "published": 10.0, "predicted": 20.0, "source": ap.LAMBDA_AMP}]
+    (r,) = ap.implied_startup(rows)
+    assert r["model"] == "bert-base-squad"
