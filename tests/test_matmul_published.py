@@ -42,3 +42,15 @@ def test_within_chip_rows_pair_each_board_with_its_chips_training_board():
     assert M.opmodel.layout_problem(plain) is None
     text = M.within_chip_table(rows)
     assert text.count("\n| ") == len(rows) + 1 and "mean |error|" in text
+
+
+def test_boards_added_later_are_new_to_the_table():
+    first = {g for g, *_ in M.PUBLISHED}
+    rows = M.rows(M.LATER)
+    assert [r["gpu"] for r in rows] == [g for g, *_ in M.LATER]
+    assert not first & {r["gpu"] for r in rows}
+    for r in rows:
+        peak = hardware.get(r["gpu"]).features[L.G_FP32_TFLOPS]
+        assert math.isfinite(r["predicted"]) and 0 < r["predicted"] <= peak
+        assert 0 < r["measured"] <= peak
+    assert "outside the data" in M.table(rows)
