@@ -111,9 +111,10 @@ LAMBDA_FP32 = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp32.json")
 # in NGC containers with TF32 on, so they are "tf32" on Ampere and newer. Only
 # the GPUs that have both a throughput and a batch-size row at that commit are
 # taken (its A10 and H100 SXM5 rows came later, without batch sizes), and only
-# those in specs/gpus.toml (no Quadro RTX 8000). "LambdaCloud V100 16GB"
-# is taken as the SXM2 part (Lambda Cloud's V100 instances; its fp32 ResNet-50,
-# 369 images/s, matches NVIDIA's DGX-1 V100 16GB, 367).
+# those in specs/gpus.toml (the Quadro RTX 8000 joined it on 5 Dec 2026).
+# "LambdaCloud V100 16GB" is taken as the SXM2 part (Lambda Cloud's V100
+# instances; its fp32 ResNet-50, 369 images/s, matches NVIDIA's DGX-1 V100
+# 16GB, 367).
 PUBLISHED += [
     # (model, GPU, precision, batch, samples/s, source)
     ("resnet50", "V100-SXM2-16GB", "amp", 256, 833.0, LAMBDA_AMP),
@@ -172,6 +173,14 @@ PUBLISHED += [
     ("bert-base-squad", "RTX-A6000", "tf32", 96, 101.0, LAMBDA_FP32),
     ("bert-base-squad", "RTX-4090", "tf32", 48, 137.0, LAMBDA_FP32),
     ("bert-base-squad", "H100-PCIE-80GB", "tf32", 172, 292.0, LAMBDA_FP32),
+    # The Quadro RTX 8000 (Turing: fp16 tensor cores, no TF32 or bf16), from
+    # the same files, added with it to the GPU database.
+    ("resnet50", "QUADRO-RTX-8000", "amp", 928, 651.0, LAMBDA_AMP),
+    ("bert-large-squad", "QUADRO-RTX-8000", "amp", 64, 50.0, LAMBDA_AMP),
+    ("bert-base-squad", "QUADRO-RTX-8000", "amp", 192, 146.0, LAMBDA_AMP),
+    ("resnet50", "QUADRO-RTX-8000", "fp32", 496, 274.0, LAMBDA_FP32),
+    ("bert-large-squad", "QUADRO-RTX-8000", "fp32", 32, 12.0, LAMBDA_FP32),
+    ("bert-base-squad", "QUADRO-RTX-8000", "fp32", 96, 41.0, LAMBDA_FP32),
 ]
 
 
