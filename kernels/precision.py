@@ -35,7 +35,10 @@ cap, tensor-core generation, the vendor's libraries), which no spec field
 predicts well: over the ten NVIDIA boards, leaving each out, the median of
 the others misses it by 10.4 % mean and a log-linear fit on board power per
 tensor TFLOP/s by 10.4 % too, so a GPU without a measurement gets
-``TC_FRACTION``, the median of the eleven (0.80), unless a board of its
+``TC_FRACTION``, the median of the measured boards that are not GeForce
+(0.80: ten values, the 5 Dec 2026 additions included; a GeForce board's
+fraction, 1.0-1.15 for the RTX 3080 Ti, 3090, 4070 SUPER, 4090 and 5090,
+is of its half-rate fp32-accumulate peak, another quantity), unless a board of its
 chip (same architecture and SM count) was measured: then it takes that
 twin's at the clock its own board power sustains, by the cube-root rule of
 kernels.clocks (``predictor.hardware``: the RTX 6000 Ada and the L40, 300 W,

@@ -480,7 +480,10 @@ def test_tensor_core_fraction_per_gpu():
         specs = tomllib.load(fh)["gpu"]
     measured = {}
     for g in specs:
-        if "tensor_core_matmul_fraction" in g:
+        # GeForce boards' rated tensor peak is the half-rate fp32-accumulate
+        # one and they boost above it (fractions of 1.0-1.15): not the same
+        # quantity, so the median is over the other boards.
+        if "tensor_core_matmul_fraction" in g and "GeForce" not in g["name"]:
             # One value per published measurement (boards a source names together
             # share one).
             measured[g["sources"]["tensor_core_matmul_fraction"]] = g["tensor_core_matmul_fraction"]
