@@ -543,7 +543,7 @@ def test_no_memory_profile_is_said_and_fits_is_empty(tmp_path, capsys, command):
     doc = json.loads(capsys.readouterr().out)
     assert NO_MEMORY_NOTE in doc["notes"]
     rows = {"predict": lambda d: d["predictions"], "sweep": lambda d: d["grid"] + d["best"],
-            "search": lambda d: d["configurations"]}[cmd](doc)
+            "search": lambda d: d["configurations"] + d["pareto"]}[cmd](doc)
     assert rows and all(r["fits"] is None for r in rows)
     csv_path = tmp_path / "out.csv"
     assert cli.main(base + ["--csv"] + ([str(csv_path)] if cmd == "sweep" else [])) == 0

@@ -187,18 +187,22 @@ NO_MEMORY_NOTE = ("peak memory is not predicted for this graph (it carries no me
                   "checked (fits: empty in --json and --csv)")
 
 
-def unknown_fits(df, graph):
-    """`df` with its `fits` column empty (None: null in JSON, blank in CSV)
-    where the graph has no memory profile: the result objects count such
-    configurations as fitting, so that they rank, but a machine format must
-    not say they were checked."""
+def unknown_fits(table, graph):
+    """`table` (a DataFrame or a list of row dicts) with its `fits` empty
+    (None: null in JSON, blank in CSV) where the graph has no memory
+    profile: the result objects count such configurations as fitting, so
+    that they rank, but a machine format must not say they were checked."""
     from predictor.memory import has_profile
 
-    if has_profile(graph) or "fits" not in df:
-        return df
-    df = df.copy()
-    df["fits"] = None
-    return df
+    if has_profile(graph):
+        return table
+    if isinstance(table, list):
+        return [dict(row, fits=None) if "fits" in row else row for row in table]
+    if "fits" not in table:
+        return table
+    table = table.copy()
+    table["fits"] = None
+    return table
 
 
 def notes(graph, gpus: Sequence = (), dtype: str | None = None,

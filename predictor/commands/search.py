@@ -176,13 +176,9 @@ def run(args: argparse.Namespace) -> int:
     lines = notes(graph, gpus, args.dtype, getattr(args, "left_out_gpus", ()),
                   getattr(args, "tf32", False))
     if args.json:
-        from predictor.memory import has_profile
-
         doc = result.to_dict()
-        if not has_profile(graph):
-            for key in ("configurations", "pareto"):
-                for row in doc[key]:
-                    row["fits"] = None
+        for key in ("configurations", "pareto"):
+            doc[key] = unknown_fits(doc[key], graph)
         print(json.dumps({**doc,
                           **precision_fields(getattr(graph, "amp", None), args.dtype, args.tf32),
                           "notes": lines}, indent=2))
