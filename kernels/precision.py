@@ -77,6 +77,13 @@ TENSOR_CORE = 1
 AS_FP32 = 2
 
 TC_FRACTION = 0.80
+# A GeForce board's rated fp32-accumulate tensor peak is half of what its
+# tensor cores do with fp16 accumulate, and the board boosts above its rated
+# clock: its measured fraction is of another quantity, 1.0-1.15 (RTX 4090
+# 1.008, 4070 SUPER 1.059, 3090 1.079, 3080 Ti 1.121, 5090 1.141; an RTX
+# 2080 in the same table 0.97, Turing). A GeForce board without a
+# measurement takes their median.
+GEFORCE_TC_FRACTION = 1.079
 # Float8 GEMMs reach a smaller fraction of their (twice as high) peak than
 # 16-bit ones: the same table's FP8 (e4m3fn) rows against its BF16 rows give
 # H100 SXM 70.9 / 80.3 % (0.88) and GH200 77.6 / 83.6 % (0.93), the only

@@ -507,6 +507,30 @@ def test_tensor_core_fraction_per_gpu():
         precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, a10, p)
 
 
+def test_geforce_boards_without_a_measurement_take_the_geforce_median():
+    """A GeForce board's rated tensor peak is its half-rate fp32-accumulate
+    one, which the measured GeForce boards all exceed: one without a
+    measurement takes their median, not the data-centre boards'."""
+    import tomllib
+    from importlib import resources
+
+    from predictor import hardware
+
+    with resources.files("predictor.specs").joinpath("gpus.toml").open("rb") as fh:
+        specs = tomllib.load(fh)["gpu"]
+    geforce = [g["tensor_core_matmul_fraction"] for g in specs
+               if "tensor_core_matmul_fraction" in g and "GeForce" in g["name"]]
+    assert len(geforce) >= 4 and min(geforce) > 1.0
+    assert precision.GEFORCE_TC_FRACTION == pytest.approx(float(np.median(geforce)), abs=0.01)
+    for gid in ("RTX-2080-TI", "RTX-3070", "RTX-3080"):
+        gpu = hardware.get(gid)
+        assert "tensor_core_matmul_fraction" not in gpu.spec and hardware.is_geforce(gpu.spec)
+        assert gpu.features[L.G_TC_FRACTION] == precision.GEFORCE_TC_FRACTION
+    for gid in ("A10", "L4", "QUADRO-RTX-8000"):   # not GeForce, not measured
+        assert hardware.get(gid).features[L.G_TC_FRACTION] == precision.TC_FRACTION
+    assert hardware.get("RTX-4090").features[L.G_TC_FRACTION] == pytest.approx(1.008)
+
+
 def test_rounded_datasheet_peaks_still_mean_tensor_cores():
     """The RTX 3090's datasheet rounds fp16 to 71.0 against fp32 35.6 (2x is
     71.2): its half-precision convolutions and matmuls still run on tensor
