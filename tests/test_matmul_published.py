@@ -54,3 +54,19 @@ def test_boards_added_later_are_new_to_the_table():
         assert math.isfinite(r["predicted"]) and 0 < r["predicted"] <= peak
         assert 0 < r["measured"] <= peak
     assert "outside the data" in M.table(rows)
+
+
+def test_per_size_rows_cover_every_size_with_sane_predictions():
+    rows = M.size_rows()
+    assert [r["gpu"] for r in rows] == [g for g, _ in M.PER_SIZE]
+    for (gpu_id, runs), r in zip(M.PER_SIZE, rows):
+        assert all(len(run) == len(M.SIZES) for run in runs), gpu_id
+        peak = hardware.get(gpu_id).features[L.G_FP32_TFLOPS]
+        for meas, pred in zip(r["measured"], r["predicted"]):
+            assert 0 < meas <= peak and 0 < pred <= peak and math.isfinite(pred)
+        assert r["long error %"] >= 0
+    # The best-of prediction is the per-size prediction's maximum.
+    r = next(r for r in rows if r["gpu"] == "L4")
+    assert max(r["predicted"]) == pytest.approx(M.predicted_tflops("L4"))
+    text = M.size_table(rows)
+    assert text.count("\n| ") == len(rows) + 1 and "outside the data" in text
