@@ -372,12 +372,28 @@ def training_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# The GPUs of the spec database the distillation draws its rows on: the
+# database when the recipe was fixed (Pascal to Blackwell, and CDNA 1-3).
+# Fixed, so that a GPU joining the database (the RTX 5090 and others on 5 Dec
+# 2026, or a user's --spec) changes no op model and no figure: with the
+# whole database, each new GPU changed every draw after it (benchmarks/
+# README.md, "The shipped weights, retrained"). A deliberate retrain may
+# widen it; the weights, the regression figures and this list move together.
+DISTIL_GPUS = (
+    "P4", "P100-PCIE-16GB", "P100-SXM2-16GB", "T4", "V100-PCIE-16GB", "V100-PCIE-32GB",
+    "V100S-PCIE-32GB", "V100-SXM2-16GB", "V100-SXM2-32GB", "A10", "A10G", "A40", "RTX-3090",
+    "RTX-A6000", "RTX-A5000", "A30", "A100-PCIE-40GB", "A100-PCIE-80GB", "A100-SXM4-40GB",
+    "A100-SXM4-80GB", "L4", "L40S", "L40", "RTX-4090", "RTX-6000-ADA", "H100-PCIE-80GB",
+    "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "MI100", "MI210", "MI250", "MI250X", "MI300X",
+)
+
+
 def spec_gpu_rows(samples: OpSamples, per_gpu: int, seed: int = 0) -> OpSamples:
     """`per_gpu` of the shapes of `samples`, drawn at random, on each GPU of
-    the spec database (not measured: latency NaN)."""
+    DISTIL_GPUS (not measured: latency NaN)."""
     rng = np.random.default_rng(seed)
     parts = []
-    for gid in hardware.database().ids():
+    for gid in DISTIL_GPUS:
         idx = rng.choice(len(samples), size=min(per_gpu, len(samples)), replace=False)
         sub = samples.subset(np.sort(idx))
         parts.append(replace(sub, gpu=np.full(len(sub), gid, dtype=object),

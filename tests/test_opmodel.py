@@ -823,3 +823,15 @@ def test_row_reductions_see_whether_the_sm_predates_volta():
     out = np.zeros(N_FEATURES)
     row_features(L.SOFTMAX, L.F32, d, old, model_params(), out)
     assert out[13] == 0.0
+
+
+def test_distillation_gpus_are_a_fixed_set_of_database_gpus():
+    """The distillation draws its rows on a fixed set of GPUs, so that a GPU
+    joining the database changes no op model; each of them is in it."""
+    from calibration import train
+    from predictor import hardware
+
+    ids = set(hardware.database().ids())
+    assert len(set(train.DISTIL_GPUS)) == len(train.DISTIL_GPUS)
+    assert set(train.DISTIL_GPUS) <= ids
+    assert "RTX-5090" in ids and "RTX-5090" not in train.DISTIL_GPUS
