@@ -36,14 +36,17 @@ predicts well: over the ten NVIDIA boards, leaving each out, the median of
 the others misses it by 10.4 % mean and a log-linear fit on board power per
 tensor TFLOP/s by 10.4 % too, so a GPU without a measurement gets
 ``TC_FRACTION``, the median of the measured boards that are not GeForce
-(0.80: ten values, the 5 Dec 2026 additions included; a GeForce board's
-fraction, 1.0-1.15 for the RTX 3080 Ti, 3090, 4070 SUPER, 4090 and 5090,
-is of its half-rate fp32-accumulate peak, another quantity), unless a board of its
-chip (same architecture and SM count) was measured: then it takes that
-twin's at the clock its own board power sustains, by the cube-root rule of
-kernels.clocks (``predictor.hardware``: the RTX 6000 Ada and the L40, 300 W,
-0.710 and 0.714 from the 350 W L40S's 0.743; the A40 the RTX A6000's
-0.797). Tile and wave quantisation take shapes below it.
+(0.80: fifteen values, the 5 Dec 2026 additions included: the same
+script's runs posted in that repository's issues give the L4 58.6 %, a
+72 W board under its power cap, the A10G 99.2 % of its half-rate rated
+peak, the V100 SXM2 77.9 %, the A40 81.7 %, the RTX A4000 81.9 %; a
+GeForce board's fraction, 1.0-1.15 for the RTX 3080 Ti, 3090, 4070 SUPER,
+4090 and 5090, is of its half-rate fp32-accumulate peak, another quantity),
+unless a board of its chip (same architecture and SM count) was measured:
+then it takes that twin's at the clock its own board power sustains, by the
+cube-root rule of kernels.clocks (``predictor.hardware``: the RTX 6000 Ada
+and the L40, 300 W, 0.710 and 0.714 from the 350 W L40S's 0.743; the V100
+PCIe boards the V100 SXM2's). Tile and wave quantisation take shapes below it.
 ``UNALIGNED_SLOWDOWN`` is chosen by hand (not fitted to any label), and no
 published figure gives it. What is published: the rule itself (NVIDIA, "Matrix
 Multiplication Background User's Guide", section "Tensor Core Requirements",

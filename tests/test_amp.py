@@ -526,7 +526,7 @@ def test_geforce_boards_without_a_measurement_take_the_geforce_median():
         gpu = hardware.get(gid)
         assert "tensor_core_matmul_fraction" not in gpu.spec and hardware.is_geforce(gpu.spec)
         assert gpu.features[L.G_TC_FRACTION] == precision.GEFORCE_TC_FRACTION
-    for gid in ("A10", "L4", "QUADRO-RTX-8000"):   # not GeForce, not measured
+    for gid in ("A10", "A30", "QUADRO-RTX-8000"):   # not GeForce, not measured
         assert hardware.get(gid).features[L.G_TC_FRACTION] == precision.TC_FRACTION
     assert hardware.get("RTX-4090").features[L.G_TC_FRACTION] == pytest.approx(1.008)
 
