@@ -98,6 +98,28 @@ PER_SIZE = (
 )
 
 
+# The same runs' half-precision rows (bf16; fp16 where the board has no bf16
+# tensor cores): the tensor-core model (kernels.precision) at each size. The
+# boards whose fraction came from these runs carry their best size by
+# construction; the other sizes, and the other boards, are a check.
+PER_SIZE_HALF = (
+    ("L4", "bf16", ((54.42, 70.89, 54.91, 59.40, 56.90),)),               # 120
+    ("A10G", "bf16", ((47.92, 60.57, 62.48, 66.59, 69.47),)),             # 126
+    ("A40", "bf16", ((82.35, 95.47, 115.16, 110.64, 122.29),)),           # 185
+    ("RTX-4090", "bf16", ((126.84, 164.81, 151.50, 160.17, 158.54),)),    # 78
+    ("RTX-5090", "bf16", ((93.44, 171.53, 182.19, 234.66, 236.99),        # 124
+                          (94.16, 170.77, 181.17, 234.89, 240.05),        # 96
+                          (93.60, 173.87, 183.71, 236.03, 235.27),        # pull 15
+                          (95.10, 130.68, 134.08, 174.68, 178.86))),      # 200
+    ("RTX-3080-TI", "bf16", ((55.14, 69.27, 71.56, 71.35, 77.72),)),      # 144
+    ("RTX-A4000", "bf16", ((23.19, 62.78, 59.95, 56.10, 55.93),)),        # 97 (a VM)
+    ("A100-PCIE-40GB", "bf16", ((94.89, 138.46, 234.14, 215.26, 211.72),)),  # 108
+    ("H100-SXM5-80GB", "bf16", ((176.62, 676.59, 788.72, 797.51, 719.72),)),  # 79
+    ("V100-SXM2-16GB", "fp16", ((57.30, 78.23, 95.73, 97.36, 89.37),)),   # 140
+    ("TITAN-RTX", "fp16", ((62.55, 66.32, 40.35, 53.86, 45.52),)),        # 127
+)
+
+
 def predicted_tflops(gpu_id: str, gpu: np.ndarray | None = None) -> float:
     """Best predicted TFLOP/s of a square fp32 `torch.mm` over SIZES (on the
     feature row `gpu` where given: a board the database does not hold)."""
@@ -110,33 +132,40 @@ def predicted_tflops_with(gpu: np.ndarray, mlp: np.ndarray) -> float:
     return max(predicted_by_size(gpu, mlp))
 
 
-def predicted_by_size(gpu: np.ndarray, mlp: np.ndarray) -> list[float]:
-    """Predicted TFLOP/s of a square fp32 `torch.mm` at each of SIZES."""
+def predicted_by_size(gpu: np.ndarray, mlp: np.ndarray, dtype: int = L.F32) -> list[float]:
+    """Predicted TFLOP/s of a square `torch.mm` of `dtype` at each of SIZES."""
     params = default_params()
     out = []
     for n in SIZES:
         d = np.zeros(L.MAX_DIMS, dtype=np.int64)
         d[:4] = (1, n, n, n)  # batch, M, N, K; B not transposed (torch.mm(a, b))
-        t_us = op_time_us(L.MATMUL, L.F32, 1, d, gpu, params, mlp)
+        t_us = op_time_us(L.MATMUL, dtype, 1, d, gpu, params, mlp)
         out.append(2.0 * n ** 3 / (t_us * 1e-6) / 1e12)
     return out
 
 
-def size_rows() -> list[dict]:
-    """One row per PER_SIZE board: measured (the contributors' median per
-    size) and predicted TFLOP/s at each size, and the mean |error| over the
-    sizes of 4,096 and up (kernels of milliseconds and more)."""
+HALF = {"bf16": L.BF16, "fp16": L.F16}
+
+
+def size_rows(half: bool = False) -> list[dict]:
+    """One row per PER_SIZE board (PER_SIZE_HALF's with `half`): measured
+    (the contributors' median per size) and predicted TFLOP/s at each size,
+    and the mean |error| over the sizes of 4,096 and up (kernels of
+    milliseconds and more)."""
     chips = opmodel.measured_chips()
     mlp = opmodel.weights()
     out = []
-    for gpu_id, runs in PER_SIZE:
+    table = PER_SIZE_HALF if half else [(g, "fp32", runs) for g, runs in PER_SIZE]
+    for gpu_id, dtype, runs in table:
         gpu = hardware.get(gpu_id).features
         meas = np.median(np.asarray(runs, dtype=np.float64), axis=0)
-        pred = np.asarray(predicted_by_size(gpu, mlp))
+        pred = np.asarray(predicted_by_size(gpu, mlp, HALF.get(dtype, L.F32)))
         err = (pred / meas - 1.0) * 100.0
         long = np.asarray(SIZES) >= 4096
+        peak = gpu[L.G_BF16_TFLOPS if dtype == "bf16" else L.G_FP16_TFLOPS] if half \
+            else gpu[L.G_FP32_TFLOPS]
         out.append({"gpu": gpu_id, "in data": "chip" if gpu[L.G_CHIP] in chips else "no",
-                    "runs": len(runs), "peak": float(gpu[L.G_FP32_TFLOPS]),
+                    "dtype": dtype, "runs": len(runs), "peak": float(peak),
                     "measured": meas.tolist(), "predicted": pred.tolist(),
                     "error %": err.tolist(),
                     "long error %": float(np.mean(np.abs(err[long])))})
@@ -275,6 +304,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.sizes:
         print(size_table(size_rows()))
+        print("\nHalf precision on tensor cores (bf16; fp16 on boards without bf16 tensor "
+              "cores), against the dtype's dense peak:\n")
+        print(size_table(size_rows(half=True)))
         return 0
     if args.within_chip:
         print(within_chip_table(within_chip_rows()))

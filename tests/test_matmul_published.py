@@ -70,3 +70,15 @@ def test_per_size_rows_cover_every_size_with_sane_predictions():
     assert max(r["predicted"]) == pytest.approx(M.predicted_tflops("L4"))
     text = M.size_table(rows)
     assert text.count("\n| ") == len(rows) + 1 and "outside the data" in text
+
+
+def test_half_precision_per_size_rows_price_tensor_cores():
+    rows = M.size_rows(half=True)
+    assert [r["gpu"] for r in rows] == [g for g, _, _ in M.PER_SIZE_HALF]
+    for (gpu_id, dtype, runs), r in zip(M.PER_SIZE_HALF, rows):
+        assert dtype in M.HALF and all(len(run) == len(M.SIZES) for run in runs)
+        gpu = hardware.get(gpu_id).features
+        assert r["peak"] == gpu[L.G_BF16_TFLOPS if dtype == "bf16" else L.G_FP16_TFLOPS]
+        # Tensor cores: far above the fp32 CUDA-core peak at the largest size.
+        assert r["predicted"][-1] > 1.5 * gpu[L.G_FP32_TFLOPS]
+        assert all(math.isfinite(p) and p > 0 for p in r["predicted"])
