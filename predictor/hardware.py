@@ -223,6 +223,12 @@ def ffma_issue_share(spec: dict) -> float:
     return FFMA_ISSUE_SHARE if cc >= 7.0 and lanes / 4.0 >= 32.0 else 1.0
 
 
+def is_geforce(spec: dict) -> bool:
+    """Whether a spec names an NVIDIA GeForce board (by its marketed name)."""
+    return str(spec.get("vendor", "nvidia")).lower() == "nvidia" \
+        and "geforce" in str(spec.get("name", "")).lower()
+
+
 def _gpu_from_spec(spec: dict, where: str) -> GPU:
     if not isinstance(spec, dict):
         raise SpecError(f"{where}: each [[gpu]] entry must be a table")
@@ -245,6 +251,12 @@ def _gpu_from_spec(spec: dict, where: str) -> GPU:
             f[col] = default
         else:
             f[col] = f[L.G_FP32_TFLOPS]
+    if "tensor_core_matmul_fraction" not in spec and is_geforce(spec) \
+            and spec.get("tensor_cores", True):
+        # Not measured, GeForce: the measured GeForce boards' median, not the
+        # others' (their rated fp32-accumulate tensor peak is a half-rate one
+        # they all run above; precision.GEFORCE_TC_FRACTION).
+        f[L.G_TC_FRACTION] = GEFORCE_TC_FRACTION
     if "fp64_tflops" not in spec:
         f[L.G_FP64_TFLOPS] = f[L.G_FP32_TFLOPS] / 32
     if spec.get("bf16_supported", True) is False:
@@ -361,12 +373,6 @@ class GPUDatabase:
         return np.ascontiguousarray(np.stack([g.features for g in gpus]))
 
 
-def is_geforce(spec: dict) -> bool:
-    """Whether a spec names an NVIDIA GeForce board (by its marketed name)."""
-    return str(spec.get("vendor", "nvidia")).lower() == "nvidia" \
-        and "geforce" in str(spec.get("name", "")).lower()
-
-
 def _with_twin_fractions(gpus: list[GPU], pool: Iterable[GPU]) -> list[GPU]:
     """`gpus`, each without a measured tensor-core fraction of its own taking
     a twin's: a GPU of `pool` of the same chip (architecture and SM count)
@@ -375,23 +381,16 @@ def _with_twin_fractions(gpus: list[GPU], pool: Iterable[GPU]) -> list[GPU]:
     boost: ``fraction x min(b_t, b_o x (w_t / w_o)^(1/3)) / b_t``, w the board
     power per SM. An RTX 6000 Ada (300 W) gets the L40S's (350 W) 0.743 x 0.956
     = 0.710, an L40 (300 W) 0.714; a board with no measured twin keeps the
-    median (precision.TC_FRACTION), or, a GeForce board, the median of the
-    measured GeForce boards (precision.GEFORCE_TC_FRACTION: their rated
-    fp32-accumulate tensor peak is a half-rate one they run above)."""
+    default `_gpu_from_spec` gave it (precision.TC_FRACTION, or a GeForce
+    board's GEFORCE_TC_FRACTION)."""
     measured = [g for g in pool if "tensor_core_matmul_fraction" in g.spec
                 and g.features[L.G_CHIP] != 0.0]
     out = []
     for g in gpus:
         f = g.features
         twins = [t for t in measured if t.features[L.G_CHIP] == f[L.G_CHIP] and t.id != g.id]
-        if "tensor_core_matmul_fraction" in g.spec:
-            out.append(g)
-            continue
-        if not twins or not (f[L.G_TDP_W] > 0 and f[L.G_CLOCK_MHZ] > 0):
-            if is_geforce(g.spec) and g.spec.get("tensor_cores", True):
-                row = f.copy()
-                row[L.G_TC_FRACTION] = GEFORCE_TC_FRACTION
-                g = GPU(id=g.id, name=g.name, vendor=g.vendor, features=row, spec=g.spec)
+        if "tensor_core_matmul_fraction" in g.spec or not twins \
+                or not (f[L.G_TDP_W] > 0 and f[L.G_CLOCK_MHZ] > 0):
             out.append(g)
             continue
         # The twin nearest in board power: its clock says the most about this one's.
