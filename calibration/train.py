@@ -15,7 +15,8 @@ Each group's shipped network is distilled from an ensemble: ENSEMBLE
 networks fitted from different seeds, then one fitted to their geometric
 mean on the measured shapes and on the same shapes on every GPU of the spec
 database (`fit_distilled`), so that what is predicted for a GPU outside the
-data does not hang on one seed. Training uses torch (on CPU, seeded; the
+data does not hang on one seed. Training uses torch (on CPU, seeded, in
+float64 so that another CPU gives the same weights: TRAIN_DTYPE; the
 ensemble's fits run side by side, one process per core); prediction uses
 only the flat weight array and the numba forward pass in
 ``predictor.kernels.mlp``.
@@ -193,6 +194,15 @@ def gemm_probes(samples: OpSamples, seed: int = 0) -> OpSamples:
     return replace(samples, dims=dims)
 
 
+# The arithmetic of training. In float32 the weights depend on the CPU that
+# fits them: torch picks its kernels by instruction set (AVX2, AVX-512), whose
+# sums round differently, and a 60-epoch fit grows those last bits into
+# weight differences of 0.17 (the same data, seed and code, on one machine
+# with ATEN_CPU_CAPABILITY=avx2 against its default AVX-512 path). In float64
+# the rounding is 2**29 times finer.
+TRAIN_DTYPE = "float64"
+
+
 def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarray, *,
               x_more: np.ndarray | None = None, ideal_more: np.ndarray | None = None,
               probes: tuple | None = None, harness: np.ndarray | None = None,
@@ -230,44 +240,45 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     # and on a busy machine OpenMP's spinning threads slow training a hundredfold.
     torch.set_num_threads(1)
     torch.manual_seed(seed)
+    dt = getattr(torch, TRAIN_DTYPE)
     rng = np.random.default_rng(seed)
     mean = x.mean(axis=0)
     std = x.std(axis=0)
     std[std < 1e-6] = 1.0
     eta_max = ETA_MAX.get(group, 1.0)
-    xt = torch.tensor((x - mean) / std, dtype=torch.float32)
-    it = torch.tensor(ideal, dtype=torch.float32)
-    yt = torch.tensor(np.log(target_us), dtype=torch.float32)
+    xt = torch.tensor((x - mean) / std, dtype=dt)
+    it = torch.tensor(ideal, dtype=dt)
+    yt = torch.tensor(np.log(target_us), dtype=dt)
     # Feature-space steps of "this GPU, better" (see features.improvement_directions).
     # (Extra columns past N_FEATURES, candidates in benchmarks.feature_selection, stay put.)
     better = [(torch.tensor((shift_features(x, np.pad(v, (0, x.shape[1] - len(v)))) - mean)
-                            / std, dtype=torch.float32), sc, sm)
+                            / std, dtype=dt), sc, sm)
               for v, sc, sm in improvement_directions()]
     # The compute and memory parts of the ideal time, recovered from features 0 and 1.
-    t_c = torch.tensor(np.exp2(x[:, 0]), dtype=torch.float32)
-    t_m = torch.tensor(np.exp2(x[:, 1]), dtype=torch.float32)
+    t_c = torch.tensor(np.exp2(x[:, 0]), dtype=dt)
+    t_m = torch.tensor(np.exp2(x[:, 1]), dtype=dt)
     if x_more is not None:
-        xm = torch.tensor((x_more - mean) / std, dtype=torch.float32)
-        im = torch.tensor(ideal_more, dtype=torch.float32)
+        xm = torch.tensor((x_more - mean) / std, dtype=dt)
+        im = torch.tensor(ideal_more, dtype=dt)
     if probes is not None:
         xp, ip, xpm, ipm = (torch.tensor((v - mean) / std if v.ndim == 2 else v,
-                                         dtype=torch.float32) for v in probes)
+                                         dtype=dt) for v in probes)
     h1, h2 = hidden
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], h1), torch.nn.Tanh(),
                               torch.nn.Linear(h1, h2), torch.nn.Tanh(),
-                              torch.nn.Linear(h2, 2 if head == "waves" else 1))
+                              torch.nn.Linear(h2, 2 if head == "waves" else 1)).to(dt)
     log_waves_mean, log_waves_std = float(mean[5]), float(std[5])
     harness = np.zeros(len(x), np.int64) if harness is None else np.asarray(harness, np.int64)
     hidx = torch.tensor(harness)
     # Each floor starts below its harness's fastest measurements.
     floor_raw = torch.nn.Parameter(torch.tensor([float(np.log(np.expm1(max(np.percentile(
         target_us[harness == h] if (harness == h).any() else target_us, 1) * 0.8, 1.0))))
-        for h in range(int(harness.max()) + 1)]))
+        for h in range(int(harness.max()) + 1)], dtype=dt))
     params = list(net.parameters()) + [floor_raw]
     if boards is not None:
         names, codes = np.unique(np.asarray(boards, dtype=str), return_inverse=True)
         board_idx = torch.tensor(codes.astype(np.int64))
-        level = torch.nn.Parameter(torch.zeros(len(names)))
+        level = torch.nn.Parameter(torch.zeros(len(names), dtype=dt))
         params.append(level)
     opt = torch.optim.Adam(params, lr=3e-3)
     n = len(xt)
@@ -830,7 +841,7 @@ def train_from_data(data: str | Path, out: str | Path, *, seed: int = 0, epochs:
                 ensemble=ensemble)
     meta = {"format": 1, "seed": seed, "epochs": epochs, "ensemble": ensemble,
             "distil_rows_per_gpu": DISTIL_ROWS_PER_GPU if ensemble > 1 else 0,
-            "hidden": list(HIDDEN),
+            "hidden": list(HIDDEN), "train_dtype": TRAIN_DTYPE,
             "shipped_groups": [GROUP_NAMES[g] for g in SHIPPED_GROUPS],
             "features": N_FEATURES, "groups": list(GROUP_NAMES),
             "gpus": sorted(set(samples.gpu)), "samples": int(len(samples)),

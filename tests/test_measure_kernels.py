@@ -97,6 +97,36 @@ def test_measure_on_the_cpu_and_train_on_the_file(tmp_path):
     assert set(blend["gpus"]) == {"H200-SXM-141GB", "T4"}  # paired on the shapes they share
 
 
+def test_train_models_verify_retrains_and_compares_weight_by_weight(tmp_path, capsys):
+    """`train-models --verify` retrains with the weights file's own recipe
+    and says in one line whether every weight came back within tolerance."""
+    from predictor import cli, opmodel
+    from predictor.calibration import train as T
+
+    data = _tiny_dataset(tmp_path / "data")
+    out = tmp_path / "w"
+    common = ["train-models", "--data", str(data), "--out", str(out), "--epochs", "1"]
+    assert cli.main([*common, "--ensemble", "1"]) == 0
+    capsys.readouterr()
+    assert cli.main([*common, "--ensemble", "1", "--verify"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("reproduced:") and "tolerance 1e-06" in said
+    # One weight moved by more than the tolerance is caught and counted.
+    mlp, meta = opmodel.read_weights(out / T.WEIGHTS_FILE)
+    assert meta["train_dtype"] == T.TRAIN_DTYPE == "float64"
+    mlp[-1] += 1e-4
+    T.save(out / T.WEIGHTS_FILE, mlp, meta)
+    assert cli.main([*common, "--ensemble", "1", "--verify"]) == 1
+    said = capsys.readouterr().out
+    assert said.startswith("differs: 1 of ") and "largest 0.0001" in said
+    # Another recipe than the file's is refused in one line, before any training.
+    assert cli.main([*common, "--ensemble", "2", "--verify"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "another recipe" in err and "--ensemble 2 (the file's: 1)" in err and "\n" not in err
+    assert cli.main([*common, "--ensemble", "1", "--verify", "--blend"]) == 2
+    assert "opmodels.npz only" in capsys.readouterr().err
+
+
 def test_bad_measured_files_name_the_file(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")

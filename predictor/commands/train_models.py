@@ -14,6 +14,11 @@ from pathlib import Path
 from predictor.commands.common import console, positive_int
 
 NAME = "train-models"
+# Largest difference of a weight that --verify accepts as reproduced. A
+# float64 fit on the same data differs across CPUs by about 1e-8 (an
+# AVX-512 machine against its own AVX2 path); a changed recipe, data file
+# or training code moves weights by 1e-3 and more.
+VERIFY_TOLERANCE = 1e-6
 
 
 def add_parser(sub) -> None:
@@ -48,6 +53,12 @@ def add_parser(sub) -> None:
                    help="fit calibration_blend.json only; leave opmodels.npz as it is")
     p.add_argument("--models-cache", default=None, metavar="DIR",
                    help="keep (and reuse) the held-out models of the blend fit in DIR")
+    p.add_argument("--verify", action="store_true",
+                   help="train into a temporary folder with the recipe of the weights at "
+                        "--out (default: the shipped ones) and compare: exit 1 where a weight "
+                        f"differs by more than {VERIFY_TOLERANCE:g} (training runs in float64, "
+                        "so CPUs of other instruction sets agree to about 1e-8); opmodels.npz "
+                        "only")
 
 
 def recipe(meta: dict) -> dict:
@@ -105,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(opmodel.__file__).resolve().parent / "weights"
     ensemble = T.ENSEMBLE if args.ensemble is None else args.ensemble
+    if args.verify:
+        return _verify(args, out, ensemble)
     if args.out is None and not args.replace_shipped:
         from predictor.calibration.datasets import check_folder
 
@@ -129,4 +142,54 @@ def run(args: argparse.Namespace) -> int:
                                  log=console().print, extra=args.extra, ensemble=ensemble)
         console().print(f"wrote {out / B.BLEND_FILE}: w " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(w.items())) + f" ({len(meta['pairs'])} GPU pairs)")
+    return 0
+
+
+def _verify(args: argparse.Namespace, out: Path, ensemble: int) -> int:
+    """Retrain the weights file at `out` with its own recipe in a temporary
+    folder and compare, weight by weight: 0 when every weight is within
+    VERIFY_TOLERANCE, else 1; one line either way."""
+    import tempfile
+
+    import numpy as np
+
+    from predictor import opmodel
+    from predictor.calibration import train as T
+    from predictor.calibration.datasets import check_folder
+    from predictor.errors import InvalidArgumentError
+
+    if args.blend or args.blend_only:
+        raise InvalidArgumentError("--verify checks opmodels.npz only; leave out --blend and "
+                                   "--blend-only")
+    path = out / T.WEIGHTS_FILE
+    if not path.is_file():
+        raise InvalidArgumentError(f"--verify: no weights file to compare with at {path}")
+    check_folder(args.data)
+    kept, meta = opmodel.read_weights(path)
+    asked = recipe({"extra": [Path(f).name for f in args.extra], "seed": args.seed,
+                    "epochs": args.epochs, "ensemble": ensemble})
+    own = recipe(meta)
+    if asked != own:
+        differ = ", ".join(f"{k} {_show(asked[k])} (the file's: {_show(own[k])})"
+                           for k in own if asked[k] != own[k])
+        raise InvalidArgumentError(f"--verify: {path} was trained with another recipe: {differ}")
+    if meta.get("train_dtype", "float32") != T.TRAIN_DTYPE:
+        console().print(f"note: {path} was trained in {meta.get('train_dtype', 'float32')}, "
+                        f"this version trains in {T.TRAIN_DTYPE}: expect differences")
+    with tempfile.TemporaryDirectory(prefix="predictor-verify-") as tmp:
+        fresh, _ = T.train_from_data(args.data, tmp, seed=args.seed, epochs=args.epochs,
+                                     extra=args.extra, ensemble=ensemble)
+    if fresh.shape != kept.shape:
+        console().print(f"differs: {path} holds {kept.size:,} weights, the retrain "
+                        f"{fresh.size:,}")
+        return 1
+    diff = np.abs(fresh - kept)
+    worst = float(diff.max()) if diff.size else 0.0
+    over = int((diff > VERIFY_TOLERANCE).sum())
+    if over:
+        console().print(f"differs: {over:,} of {kept.size:,} weights of {path} are more than "
+                        f"{VERIFY_TOLERANCE:g} from the retrain (largest {worst:.3g})")
+        return 1
+    console().print(f"reproduced: {kept.size:,} weights of {path}, largest difference "
+                    f"{worst:.3g} (tolerance {VERIFY_TOLERANCE:g})")
     return 0
