@@ -25,8 +25,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         NAME, help="train the learned per-op models from measured kernels",
         description="Fit the per-op efficiency networks on the NeuSight per-kernel "
-                    "measurements (train/ folder) and write opmodels.npz. Seeded: the same "
-                    "seed gives the same weights up to floating-point noise.")
+                    "measurements (train/ folder) and write opmodels.npz. Seeded, and in "
+                    "float64: the same seed gives the same weights on CPUs of other "
+                    "instruction sets, to about 1e-8 (--verify checks a file).")
     p.add_argument("--data", required=True, metavar="DIR",
                    help="the NeuSight data folder (holds train/ and test/)")
     p.add_argument("--out", default=None, metavar="DIR",
