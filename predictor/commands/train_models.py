@@ -81,8 +81,7 @@ def _refuse_another_recipe(out: Path, args: argparse.Namespace, ensemble: int) -
     from predictor.calibration import train as T
     from predictor.errors import InvalidArgumentError, WeightsError
 
-    asked = recipe({"extra": [Path(f).name for f in args.extra], "seed": args.seed,
-                    "epochs": args.epochs, "ensemble": ensemble})
+    asked = _asked_recipe(args, ensemble)
     files = ([] if args.blend_only else [out / T.WEIGHTS_FILE]) \
         + ([out / B.BLEND_FILE] if args.blend or args.blend_only else [])
     for path in files:
@@ -93,14 +92,24 @@ def _refuse_another_recipe(out: Path, args: argparse.Namespace, ensemble: int) -
                     else json.loads(path.read_text(encoding="utf-8")))
         except (WeightsError, OSError, ValueError):
             continue  # a damaged file is not worth keeping
-        shipped = recipe(meta)
-        if asked == shipped:
-            continue
-        differ = ", ".join(f"{k} {_show(asked[k])} (shipped: {_show(shipped[k])})"
-                           for k in shipped if asked[k] != shipped[k])
-        raise InvalidArgumentError(
-            f"this would replace the shipped {path.name} ({path}) with another recipe: "
-            f"{differ}; pass --out DIR to write elsewhere, or --replace-shipped")
+        differ = _recipe_differences(asked, recipe(meta), "shipped")
+        if differ:
+            raise InvalidArgumentError(
+                f"this would replace the shipped {path.name} ({path}) with another recipe: "
+                f"{differ}; pass --out DIR to write elsewhere, or --replace-shipped")
+
+
+def _asked_recipe(args: argparse.Namespace, ensemble: int) -> dict:
+    """The recipe the command line asks for, in `recipe`'s form."""
+    return recipe({"extra": [Path(f).name for f in args.extra], "seed": args.seed,
+                   "epochs": args.epochs, "ensemble": ensemble})
+
+
+def _recipe_differences(asked: dict, own: dict, whose: str) -> str:
+    """The options where `asked` differs from a file's `own` recipe, as
+    "--seed 1 (shipped: 0), ..."; empty where they agree."""
+    return ", ".join(f"{k} {_show(asked[k])} ({whose}: {_show(own[k])})"
+                     for k in own if asked[k] != own[k])
 
 
 def _show(value) -> str:
@@ -167,16 +176,13 @@ def _verify(args: argparse.Namespace, out: Path, ensemble: int) -> int:
         raise InvalidArgumentError(f"--verify: no weights file to compare with at {path}")
     check_folder(args.data)
     kept, meta = opmodel.read_weights(path)
-    asked = recipe({"extra": [Path(f).name for f in args.extra], "seed": args.seed,
-                    "epochs": args.epochs, "ensemble": ensemble})
-    own = recipe(meta)
-    if asked != own:
-        differ = ", ".join(f"{k} {_show(asked[k])} (the file's: {_show(own[k])})"
-                           for k in own if asked[k] != own[k])
+    differ = _recipe_differences(_asked_recipe(args, ensemble), recipe(meta), "the file's")
+    if differ:
         raise InvalidArgumentError(f"--verify: {path} was trained with another recipe: {differ}")
-    if meta.get("train_dtype", "float32") != T.TRAIN_DTYPE:
-        console().print(f"note: {path} was trained in {meta.get('train_dtype', 'float32')}, "
-                        f"this version trains in {T.TRAIN_DTYPE}: expect differences")
+    trained_in = meta.get("train_dtype", "float32")  # files from before the field were float32
+    if trained_in != T.TRAIN_DTYPE:
+        console().print(f"note: {path} was trained in {trained_in}, this version trains in "
+                        f"{T.TRAIN_DTYPE}: expect differences")
     with tempfile.TemporaryDirectory(prefix="predictor-verify-") as tmp:
         fresh, _ = T.train_from_data(args.data, tmp, seed=args.seed, epochs=args.epochs,
                                      extra=args.extra, ensemble=ensemble)
