@@ -8,6 +8,8 @@ import sys
 import pytest
 
 import predictor
+import predictor.errors
+import torch
 from predictor import cli
 from predictor.text import flops_text
 
@@ -319,6 +321,33 @@ def test_unknown_model_error_stays_one_line_before_the_first_compile(capsys, mon
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "unknown model" in err and "\n" not in err and "compiling" not in err
+
+
+def test_a_model_without_trainable_parameters_says_to_predict_inference(tmp_path, capsys):
+    """A parameter-free or frozen model has no training step: one line that
+    says so and what to run instead, not autograd's error about an empty
+    list of inputs."""
+    class Act(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    for model in (Act(), frozen):
+        with pytest.raises(predictor.errors.InvalidArgumentError, match="no trainable parameters"):
+            predictor.trace(model, (torch.randn(2, 4),))
+        graph = predictor.trace(model, (torch.randn(2, 4),), mode="inference")
+        assert predictor.predict(graph, "T4").forward_ms > 0
+
+    path = tmp_path / "act.py"
+    path.write_text("import torch\n\nclass Act(torch.nn.Module):\n"
+                    "    def forward(self, x):\n        return torch.relu(x)\n\n"
+                    "def build():\n    return Act(), (torch.randn(2, 4),)\n")
+    with pytest.raises(SystemExit) as exc:
+        sys.exit(cli.main(["predict", f"{path}:build", "--gpus", "T4"]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "no trainable parameters" in err and "--inference" in err and "\n" not in err
+    assert cli.main(["predict", f"{path}:build", "--gpus", "T4", "--inference"]) == 0
 
 
 # ---- calibration: sanity checks, threads, extrapolation ---------------------

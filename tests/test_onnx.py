@@ -257,6 +257,18 @@ def test_unsupported_ops_are_listed_and_estimated(tmp_path):
     assert p.unsupported == {"example.custom.FancyOp": 1} and p.iteration_ms > 0
 
 
+def test_a_graph_without_trainable_parameters_says_to_predict_inference(tmp_path):
+    """No float initializer the loss depends on: no training step to
+    synthesise, said in one line naming the file, as the fx path says it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])
+    path = _save(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]), tmp_path)
+    with pytest.raises(InvalidArgumentError, match="no trainable parameters") as exc:
+        trace_onnx(path, batch_size=8)
+    assert path in str(exc.value) and "\n" not in str(exc.value)
+    assert predictor.predict(trace_onnx(path, batch_size=8, mode="inference"), "T4").forward_ms > 0
+
+
 def test_attention_op_maps_to_the_attention_family(tmp_path):
     if onnx.defs.onnx_opset_version() < 23:
         pytest.skip("this onnx has no Attention op")

@@ -396,6 +396,13 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         inputs = inputs_in_format(spec.inputs(batch), memory_format)
         spec.input_seq_len = _input_seq_len(inputs, batch)
         trainable = [k for k, p in params.items() if p.requires_grad]
+        if mode == "train" and not trainable:
+            # A training step needs something to differentiate: say so rather
+            # than let autograd fail on an empty list of inputs.
+            raise InvalidArgumentError(
+                f"{spec.name}: no trainable parameters (none, or all with "
+                "requires_grad=False), so a training step has nothing to update; "
+                "predict its forward pass instead (--inference, mode='inference')")
         opt_state = optimizers.state_for(optimizer, [params[k] for k in trainable])
         if scaling:
             opt_state = [list(autocast.scaler_state())] + opt_state

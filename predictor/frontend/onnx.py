@@ -366,6 +366,12 @@ def _lower(model: onnx.ModelProto, nodes: list[onnx.NodeProto], values: dict[str
             t = ctx.t(name)
             backward.extend([Call(aten.add.Tensor, (t, t), out=t)] * (k - 1))
     trainable = sorted(n for n in diff_params if n in grad)
+    if train and not trainable:
+        # As the fx path says it: a step with nothing to update is no training step.
+        raise InvalidArgumentError(
+            f"{p}: no trainable parameters (no float initializer the loss depends "
+            "on), so a training step has nothing to update; predict its forward pass "
+            "instead (--inference, mode='inference')")
     opt = synthesis.optimizer_calls([ctx.t(n) for n in trainable], optimizer)
     if scaling and trainable:
         unscale, update = synthesis.grad_scaler_calls([ctx.t(n) for n in trainable])
