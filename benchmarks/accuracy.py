@@ -5,6 +5,7 @@
     python -m benchmarks.accuracy --data ../shared/data/neusight --duration
     python -m benchmarks.accuracy --data ../shared/data/neusight --splits
     python -m benchmarks.accuracy --data ../shared/data/neusight --rows [--models-cache DIR]
+    python -m benchmarks.accuracy --data ../shared/data/neusight --pairs
 
 Two evaluations, per op family (linear, bmm, conv, elementwise, softmax, layer norm):
 
@@ -52,6 +53,17 @@ test split's softmax sustains 0.38-0.55 of the bandwidth on every GPU,
 against 0.67-0.87 for rows of up to 1k; no training row is that long, so
 no model fitted to the training files sees it. Layer norm (two passes over
 its row) falls with row length on the A100 only.
+
+``--pairs`` sets the two splits side by side where they overlap: each test
+kernel with the training kernel of the same GPU and op whose dims are
+nearest (each within PAIR_LOG2 in log2, 23 %), for GEMMs also run with the
+same output tile (their kernel names), and the ratio of their times per
+unit of work (FLOPs for GEMMs, elements otherwise), training over test, by
+the training kernel's duration; beside it the shipped op models' median
+predicted / measured time on both rows of the pairs. Where a kernel of the
+same shape and tile runs faster in the test split than in the training
+files, the difference lies in how the two were measured, not in the shape:
+no model fitted to the training files can follow it.
 """
 
 from __future__ import annotations
@@ -69,6 +81,7 @@ from predictor.calibration import datasets as D
 from predictor.calibration import train as T
 from predictor.kernels import layout as L
 from predictor.kernels.optime import isolated_times_us
+from predictor.kernels.roofline import is_gemm
 from predictor.kernels.work import flops_and_elems, gemm_shape
 
 FAMILIES = ("linear", "bmm", "conv", "elementwise", "softmax", "layer_norm")
@@ -442,6 +455,67 @@ def row_errors(data: Path, cache: Path | None, log=print) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+PAIR_LOG2 = 0.3   # a pair's dims lie within 2**0.3 (23 %) of each other, each
+PAIR_MS_BINS = (0.0, 0.1, 1.0, 10.0, np.inf)
+PAIR_MS_LABELS = ("< 0.1 ms", "0.1-1", "1-10", "> 10 ms")
+
+
+def matched_pairs(data: Path, mlp: np.ndarray | None = None) -> pd.DataFrame:
+    """Every test-split kernel paired with the nearest training kernel of
+    the same GPU and op (largest log2 distance over the dims at most
+    PAIR_LOG2; GEMMs: the same output tile by their kernel names, where both
+    name one), with the ratio of their times per unit of work (training /
+    test: above 1 where the test split ran faster) and the op models' (`mlp`,
+    default the shipped ones) predicted / measured time on each of the two."""
+    from predictor import opmodel
+
+    mlp = opmodel.weights() if mlp is None else mlp
+    train, test = D.load_train(data), D.load_test(data)
+    parts = []
+    for (gpu, op), idx in pd.Series(range(len(test))).groupby([test.gpu, test.op]):
+        b = test.subset(idx.to_numpy())
+        a = train.subset((train.gpu == gpu) & (train.op == op))
+        if len(a) == 0:
+            continue
+        xa = np.log2(np.maximum(a.dims, 1).astype(np.float64))
+        xb = np.log2(np.maximum(b.dims, 1).astype(np.float64))
+        near = np.empty(len(b), dtype=np.int64)
+        keep = np.empty(len(b), dtype=bool)
+        for lo in range(0, len(b), 256):   # 256 test rows at a time: bounded memory
+            sl = slice(lo, lo + 256)
+            dist = np.abs(xb[sl, None, :] - xa[None, :, :]).max(axis=2)
+            if is_gemm(int(b.family[0])):   # a known tile on both sides must be the same
+                other = (b.tile[sl, None] >= 0) & (a.tile[None, :] >= 0) \
+                    & (b.tile[sl, None] != a.tile[None, :])
+                dist[other] = np.inf
+            near[sl] = dist.argmin(axis=1)
+            keep[sl] = dist[np.arange(len(near[sl])), near[sl]] <= PAIR_LOG2
+        if not keep.any():
+            continue
+        a, b = a.subset(near[keep]), b.subset(keep)
+        work = [np.array([flops_and_elems(int(f), d)[0 if is_gemm(int(f)) else 1]
+                          for f, d in zip(s.family, s.dims)]) for s in (a, b)]
+        parts.append(pd.DataFrame({
+            "gpu": gpu, "op": op, "train_ms": a.latency_ms,
+            "ratio": (a.latency_ms / work[0]) / (b.latency_ms / work[1]),
+            "model_train": predict_learned(mlp, a) / a.latency_ms,
+            "model_test": predict_learned(mlp, b) / b.latency_ms}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def pairs_table(df: pd.DataFrame) -> str:
+    """Per op and GPU: pairs, median time ratio per unit of work (training /
+    test) overall and by the training kernel's duration, and the op models'
+    median predicted / measured time on the pairs' training and test rows."""
+    g = df.groupby(["op", "gpu"])
+    out = pd.DataFrame({"pairs": g.size(), "train / test": g.ratio.median(),
+                        "model on train": g.model_train.median(),
+                        "model on test": g.model_test.median()})
+    dur = pd.cut(df.train_ms, PAIR_MS_BINS, labels=PAIR_MS_LABELS)
+    by_ms = df.groupby(["op", "gpu", dur], observed=True).ratio.median().unstack()
+    return out.join(by_ms).round(2).to_string(na_rep="-")
+
+
 def split_table(df: pd.DataFrame) -> str:
     """Median efficiency per GPU and size bin, training split / test split,
     and the share of aligned shapes in each split."""
@@ -571,6 +645,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", action="store_true",
                     help="only the softmax and layer-norm kernels' DRAM fraction by row "
                          "length, training split against test split, per GPU")
+    ap.add_argument("--pairs", action="store_true",
+                    help="only the test kernels paired with training kernels of the same GPU, "
+                         "op, tile and nearly the same dims: their time per unit of work, "
+                         "training / test, and the shipped op models on both")
     ap.add_argument("--models-cache", type=Path, default=None,
                     help="with --rows: also score the held-out op models (cached here, trained "
                          "where missing) on short and long rows")
@@ -602,6 +680,14 @@ def main(argv=None) -> int:
             for op, sel in err[~err.gpu.isin(EXCLUDED_FROM_MEAN)].groupby("op"):
                 print(f"{op}, mean except {', '.join(EXCLUDED_FROM_MEAN)}: "
                       + ", ".join(f"rows {r} {m:.1f}" for r, m in sel.groupby("rows").mape.mean().items()))
+        return 0
+    if args.pairs:
+        print("Test kernels paired with the nearest training kernel of the same GPU and op")
+        print(f"(dims within {2 ** PAIR_LOG2 - 1:.0%} each; GEMMs with the same output tile):")
+        print("time per unit of work, training / test (above 1: the test split ran faster),")
+        print("by the training kernel's duration, and the shipped op models' median")
+        print("predicted / measured time on the pairs' training and test rows")
+        print(pairs_table(matched_pairs(Path(args.data))))
         return 0
     if args.splits:
         print("Linear GEMMs: median efficiency (ideal time at the spec sheet's peaks /")

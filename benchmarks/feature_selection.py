@@ -357,9 +357,15 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
                                 boards=fit_on.gpu[mask] if board_levels else None)
         offset = np.exp(other_gpus_offset(model, x[mask], ideal[mask], t[mask], fit_on.gpu[mask])) \
             if group in T.OTHER_CHIPS_GROUPS else 1.0
-        err = np.abs(model.times_us(xe[em], ie[em]) * offset - te[em]) / te[em] * 100.0
+        pred = model.times_us(xe[em], ie[em]) * offset
+        err = np.abs(pred - te[em]) / te[em] * 100.0
         fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
+        # and by time: |predicted - measured| summed over the family's kernels
+        # over their measured time, the error of the time they add up to
+        out[held].update({f"{f} by time": float(np.abs(pred - te[em])[fams == f].sum()
+                                                / te[em][fams == f].sum() * 100.0)
+                          for f in sorted(set(fams))})
         log(f"  {held:<16} {time.perf_counter() - t0:5.1f} s  " +
             "  ".join(f"{k} {v:.1f}" for k, v in out[held].items()))
     return out
@@ -388,7 +394,12 @@ def main(argv=None) -> int:
     ap.add_argument("--oracle-dram", action="store_true",
                     help="a bound: memory-bound rows priced at each GPU's own highest "
                          "sustained DRAM fraction (reads the held-out GPU's data)")
+    ap.add_argument("--time-weight", type=float, default=None,
+                    help="weigh each sample in the loss by (its time / the median's) to this "
+                         "power (default: train.TIME_WEIGHT, the shipped recipe's)")
     args = ap.parse_args(argv)
+    if args.time_weight is not None:
+        T.TIME_WEIGHT = args.time_weight
     if args.ensemble < 1:
         ap.error("--ensemble must be at least 1")
     if args.ensemble > 1 and args.head != "sigmoid":
@@ -408,7 +419,7 @@ def main(argv=None) -> int:
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
     oracle = " oracle-dram" if args.oracle_dram else ""
-    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed}{oracle} board-levels={'on' if levels else 'off'}: "
+    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed} time-weight={T.TIME_WEIGHT:g}{oracle} board-levels={'on' if levels else 'off'}: "
           "mean over held-out GPUs except P4: " +
           "  ".join(f"{k} {v:.1f}" for k, v in mean.items()))
     if "P4" in res:

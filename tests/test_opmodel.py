@@ -442,6 +442,27 @@ def test_test_split_gemms_run_faster_than_training_shapes_of_equal_work(data_dir
     assert (med.test > med.train * 1.03).all(), med
 
 
+def test_paired_kernels_of_the_two_splits(data_dir):
+    """`accuracy --pairs`: a test kernel and the training kernel of the same
+    GPU, op and (for GEMMs) output tile with nearly the same dims run at the
+    same time per element when memory-bound, while the test split's GEMMs
+    run faster per FLOP than their training neighbours on the P100, T4 and
+    V100; the shipped op models follow part of that and stay slower on the
+    test rows than on their neighbours there."""
+    from benchmarks import accuracy
+
+    df = accuracy.matched_pairs(data_dir)
+    assert np.isfinite(df[["ratio", "model_train", "model_test"]].to_numpy()).all()
+    med = df.groupby(["op", "gpu"])[["ratio", "model_train", "model_test"]].median()
+    memory = med.drop(index=["linear", "bmm", "softmax", "ln"], level="op")
+    assert len(memory) >= 40 and memory.ratio.between(0.97, 1.04).all(), memory
+    for gpu in ("P100-PCIE-16GB", "T4", "V100-PCIE-32GB"):
+        assert med.loc[("linear", gpu), "ratio"] > 1.05
+        assert med.loc[("linear", gpu), "model_test"] > med.loc[("linear", gpu), "model_train"]
+        assert med.loc[("bmm", gpu), "ratio"] > 1.1
+    assert "train / test" in accuracy.pairs_table(df)
+
+
 def test_softmax_rows_past_the_training_range_run_at_a_lower_dram_fraction(data_dir):
     """`accuracy --rows`: the training files' softmax and layer-norm rows end
     at about 4k elements, the test file's go to 16k; on every GPU the test
