@@ -156,6 +156,22 @@ def test_killed_writer_through_a_link_leaves_the_previous_target(tmp_path):
                if p not in (real, link))
 
 
+def test_sweep_csv_dash_is_standard_output(tmp_path):
+    """`sweep --csv -`: the CSV alone on stdout (no table, no file named
+    "-"), its notes on stderr, as `predict --csv` prints; refused beside
+    --json, which prints on stdout too."""
+    proc = cli("sweep", "dcgan", "-b", "8,16", "--gpus", "T4,L4", "--csv", "-", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("model,gpu,batch_size") and len(lines) == 5, proc.stdout
+    assert "samples/s" not in proc.stdout and not (tmp_path / "-").exists()
+    assert "predictor: note: L4: not a chip" in proc.stderr
+    proc = cli("sweep", "dcgan", "-b", "8", "--gpus", "T4", "--csv", "-", "--json", cwd=tmp_path)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "\n" not in err and "choose one" in err, err
+    assert proc.stdout == ""
+
+
 def test_cli_csv_through_links_and_stdout(tmp_path):
     real = tmp_path / "real.csv"
     real.write_text("old\n")

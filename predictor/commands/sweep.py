@@ -43,7 +43,9 @@ def add_parser(sub) -> None:
     add_spec_argument(p)
     add_calibration_argument(p)
     p.add_argument("--plot", metavar="FILE", help="write a plot (.png, .svg or .pdf)")
-    p.add_argument("--csv", metavar="FILE", help="write every (GPU, batch size) as CSV")
+    p.add_argument("--csv", metavar="FILE",
+                   help="write every (GPU, batch size) as CSV; '-' prints it on standard "
+                        "output instead of the table (notes on stderr)")
     p.add_argument("--save-graph", metavar="FILE",
                    help="save the traced graph (.npz) to sweep it again without tracing")
     p.add_argument("--json", action="store_true",
@@ -53,6 +55,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from predictor import engine
 
+    if args.csv == "-" and args.json:
+        raise _bad_argument("--csv - and --json both print on standard output: choose one "
+                            "(or write the CSV to a file)")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise _bad_argument(f"cannot plot to {args.plot}: use a .png, .svg or .pdf file name")
     load_specs(args.spec)
@@ -86,12 +91,23 @@ def run(args: argparse.Namespace) -> int:
         full["mode"] = graph.mode
         full["optimizer"] = graph.optimizer or ""
         full["precision"] = precision_text(graph, args.dtype, args.tf32)
-        with atomic_writer(args.csv, "w", encoding="utf-8") as fh:
-            full.to_csv(fh, index=False)
+        if args.csv == "-":
+            print(full.to_csv(index=False), end="")
+        else:
+            with atomic_writer(args.csv, "w", encoding="utf-8") as fh:
+                full.to_csv(fh, index=False)
     if args.plot:
         from predictor.plots import plot_sweep
 
         plot_sweep(res, args.plot, title=_title(graph, args))
+    if args.csv == "-":   # the CSV was the output: the notes go beside it
+        from predictor.commands.common import print_notes_stderr
+
+        wrote = [f"plot: {args.plot}" if args.plot else "",
+                 f"graph: {args.save_graph}" if args.save_graph else ""]
+        print_notes_stderr(lines + (["wrote " + ", ".join(w for w in wrote if w)]
+                                    if any(wrote) else []))
+        return 0
     if args.json:
         print(json.dumps({
             "model": graph.name, "mode": graph.mode, "optimizer": graph.optimizer,
