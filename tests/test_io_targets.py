@@ -170,6 +170,14 @@ def test_sweep_csv_dash_is_standard_output(tmp_path):
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "\n" not in err and "choose one" in err, err
     assert proc.stdout == ""
+    # A saved graph is read back by its .npz suffix: another name is refused
+    # before tracing, and nothing is written.
+    for name in ("-", "r50"):
+        proc = cli("sweep", "dcgan", "-b", "8", "--gpus", "T4", "--save-graph", name,
+                   cwd=tmp_path)
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and "\n" not in err and ".npz" in err, err
+        assert not (tmp_path / name).exists()
 
 
 def test_cli_csv_through_links_and_stdout(tmp_path):

@@ -58,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     if args.csv == "-" and args.json:
         raise _bad_argument("--csv - and --json both print on standard output: choose one "
                             "(or write the CSV to a file)")
+    if args.save_graph and not args.save_graph.lower().endswith(".npz"):
+        # MODEL is read back as a saved graph by this suffix; a file without
+        # it (or '-', which is no file) could not be given to predict or sweep.
+        raise _bad_argument(f"--save-graph {args.save_graph}: name the file *.npz, the "
+                            "suffix by which predict and sweep read a saved graph back")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise _bad_argument(f"cannot plot to {args.plot}: use a .png, .svg or .pdf file name")
     load_specs(args.spec)
