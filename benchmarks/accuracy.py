@@ -480,12 +480,13 @@ def matched_pairs(data: Path, mlp: np.ndarray | None = None) -> pd.DataFrame:
             continue
         xa = np.log2(np.maximum(a.dims, 1).astype(np.float64))
         xb = np.log2(np.maximum(b.dims, 1).astype(np.float64))
+        gemm = is_gemm(int(b.family[0]))   # one op, one family
         near = np.empty(len(b), dtype=np.int64)
         keep = np.empty(len(b), dtype=bool)
         for lo in range(0, len(b), 256):   # 256 test rows at a time: bounded memory
             sl = slice(lo, lo + 256)
             dist = np.abs(xb[sl, None, :] - xa[None, :, :]).max(axis=2)
-            if is_gemm(int(b.family[0])):   # a known tile on both sides must be the same
+            if gemm:   # a known tile on both sides must be the same
                 other = (b.tile[sl, None] >= 0) & (a.tile[None, :] >= 0) \
                     & (b.tile[sl, None] != a.tile[None, :])
                 dist[other] = np.inf
@@ -494,7 +495,7 @@ def matched_pairs(data: Path, mlp: np.ndarray | None = None) -> pd.DataFrame:
         if not keep.any():
             continue
         a, b = a.subset(near[keep]), b.subset(keep)
-        work = [np.array([flops_and_elems(int(f), d)[0 if is_gemm(int(f)) else 1]
+        work = [np.array([flops_and_elems(int(f), d)[0 if gemm else 1]
                           for f, d in zip(s.family, s.dims)]) for s in (a, b)]
         parts.append(pd.DataFrame({
             "gpu": gpu, "op": op, "train_ms": a.latency_ms,

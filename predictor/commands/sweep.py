@@ -108,10 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.csv == "-":   # the CSV was the output: the notes go beside it
         from predictor.commands.common import print_notes_stderr
 
-        wrote = [f"plot: {args.plot}" if args.plot else "",
-                 f"graph: {args.save_graph}" if args.save_graph else ""]
-        print_notes_stderr(lines + (["wrote " + ", ".join(w for w in wrote if w)]
-                                    if any(wrote) else []))
+        print_notes_stderr(lines + ([_wrote(args)] if _wrote(args) else []))
         return 0
     if args.json:
         print(json.dumps({
@@ -138,6 +135,15 @@ def _add_cost(best, res) -> None:
     best["usd_per_m_samples"] = [
         (price[g] / 3600 / t * 1e6) if price.get(g) else math.nan
         for g, t in zip(best["gpu"], best["throughput"])]
+
+
+def _wrote(args) -> str:
+    """'wrote plot: ..., CSV: ..., graph: ...' for the files the sweep
+    wrote ('' for none; a CSV on standard output is not a file)."""
+    files = [f"plot: {args.plot}" if args.plot else "",
+             f"CSV: {args.csv}" if args.csv and args.csv != "-" else "",
+             f"graph: {args.save_graph}" if args.save_graph else ""]
+    return "wrote " + ", ".join(f for f in files if f) if any(files) else ""
 
 
 def _title(graph, args) -> str:
@@ -193,10 +199,8 @@ def print_best(graph, args, res, best, seconds: float, lines=()) -> None:
                  f"(limit {res.max_memory_fraction:.0%} of the GPU's memory)")
     if errors:
         note += f"\n{ERROR_COLUMN_NOTE}"
-    extra = [f"plot: {args.plot}" if args.plot else "", f"CSV: {args.csv}" if args.csv else "",
-             f"graph: {args.save_graph}" if args.save_graph else ""]
-    if any(extra):
-        note += "\nwrote " + ", ".join(e for e in extra if e)
+    if _wrote(args):
+        note += f"\n{_wrote(args)}"
     for line in lines:
         note += f"\n{line}"
     out.print(note, style="dim")
