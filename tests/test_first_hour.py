@@ -66,6 +66,17 @@ def test_one_gpu_is_singular(conv_factory, capsys):
     assert "1 GPU ×" in out and "1 GPUs" not in out and "1 batch size =" in out
 
 
+
+@pytest.mark.parametrize("command,extra", [
+    ("predict", []), ("sweep", ["-b", "4"]), ("search", ["-b", "4"]),
+])
+def test_gpu_in_the_singular_is_gpus(conv_factory, capsys, command, extra):
+    # `--gpu T4` is what one types for one GPU; argparse's prefix matching
+    # would call it ambiguous beside --gpus-per-node.
+    assert cli.main([command, f"{conv_factory}:build", "--gpu", "T4", "--json", *extra]) == 0
+    out = capsys.readouterr().out
+    assert '"T4"' in out and "H100" not in out
+
 # ---- the breakdown ----------------------------------------------------------
 
 def test_breakdown_header_says_ms_is_a_total_over_count(conv_factory, capsys):

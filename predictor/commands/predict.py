@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                    help="zoo name, config.json, factory spec, .onnx file or saved graph (.npz)")
     p.add_argument("-b", "--batch-size", type=batch_size_arg,
                    help="batch size (default: the model's)")
-    p.add_argument("--gpus", default=None,
+    p.add_argument("--gpus", "--gpu", default=None,
                    help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
     add_step_arguments(p, "predict a no-grad forward pass only")
     add_precision_arguments(p)

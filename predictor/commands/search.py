@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", default="time", choices=["time", "cost", "throughput"],
                    help="time: least hours; cost: least USD; throughput: most samples/s "
                         "(default: time)")
-    p.add_argument("--gpus", default="all",
+    p.add_argument("--gpus", "--gpu", default="all",
                    help="comma-separated GPU ids or aliases, or 'all' (default: all)")
     p.add_argument("-b", "--batch-sizes", type=parse_batch_sizes, default=None, metavar="LIST",
                    help="per-GPU batch sizes: comma-separated sizes and doubling ranges A..B "

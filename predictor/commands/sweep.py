@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
                    metavar="LIST",
                    help="comma-separated sizes and doubling ranges A..B "
                         f"(default {DEFAULT_BATCHES}: 1,2,4,...,1024)")
-    p.add_argument("--gpus", default=None,
+    p.add_argument("--gpus", "--gpu", default=None,
                    help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
     add_step_arguments(p, "predict a no-grad forward pass only")
     add_precision_arguments(p)
