@@ -22,6 +22,11 @@ before 5 Dec 2026 this harness scored the network alone). ``--board-levels``
 (``train.fit_group``'s `boards`; default: as the shipped recipe does for the
 group, ``train.LEVEL_GROUPS``).
 
+``--host-floors`` fits a floor per measuring machine (GPU file) rather than
+one per timing harness, the held-out GPU getting the others' median;
+``--oracle-floor`` is a bound: the held-out GPU at its own machine's floor,
+fitted on its own rows.
+
 ``--oracle-dram`` is a bound, not a candidate: memory-bound rows get their
 ideal time (and feature 1) at each GPU's own highest sustained DRAM fraction
 (``benchmarks.accuracy.dram_fractions``, working sets of 16x the L2 and more)
@@ -306,7 +311,9 @@ def other_gpus_offset(model, x, ideal, target, gpus) -> float:
 def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: int = 60,
              log=print, head: str = "sigmoid", ensemble: int = 1,
              oracle_dram: bool = False, extra=(),
-             board_levels: bool | None = None) -> dict[str, dict[str, float]]:
+             board_levels: bool | None = None,
+             host_floors: bool = False,
+             oracle_floor: bool = False) -> dict[str, dict[str, float]]:
     """MAPE % per held-out GPU and op. `ensemble` > 1: the shipped recipe,
     that many networks distilled into one (``train.fit_distilled``; sigmoid
     head only); 1: a single network, about ensemble + 2 times faster.
@@ -327,6 +334,19 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
     featurize = lambda s: model_features(s, drop, add, dram)  # noqa: E731
     if board_levels is None:
         board_levels = group in T.LEVEL_GROUPS
+    own_floor = None
+    if oracle_floor:
+        # A bound: every host's own floor, from one fit on every GPU's rows
+        # (the held-out GPU's included), the networks of the folds fitted
+        # with a floor per host.
+        host_floors = True
+        xa, ia, ga, ta = featurize(train)
+        ma = ga == group
+        own_floor = T.fit_group(group, xa[ma], ia[ma], ta[ma], seed=seed + group, epochs=epochs,
+                                harness=train.harness[ma] if train.harness.any() else None,
+                                hosts=train.gpu[ma]).host_floors_us
+        log("  each host's own floor (us): " +
+            ", ".join(f"{g} {f:.1f}" for g, f in sorted(own_floor.items())))
     out = {}
     for held in five:
         fit_on = train.subset(train.gpu != held)
@@ -354,10 +374,13 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
             model = T.fit_group(group, x[mask], ideal[mask], t[mask], x_more=xm[mask],
                                 ideal_more=im[mask], probes=probes, seed=seed + group,
                                 epochs=epochs, head=head, harness=harness,
-                                boards=fit_on.gpu[mask] if board_levels else None)
+                                boards=fit_on.gpu[mask] if board_levels else None,
+                                hosts=fit_on.gpu[mask] if host_floors else None)
         offset = np.exp(other_gpus_offset(model, x[mask], ideal[mask], t[mask], fit_on.gpu[mask])) \
             if group in T.OTHER_CHIPS_GROUPS else 1.0
         pred = model.times_us(xe[em], ie[em]) * offset
+        if own_floor is not None:  # the held-out host's own floor for the model's median one
+            pred = (model.times_us(xe[em], ie[em]) - model.floor_us) * offset + own_floor[held]
         err = np.abs(pred - te[em]) / te[em] * 100.0
         fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}
@@ -394,6 +417,12 @@ def main(argv=None) -> int:
     ap.add_argument("--oracle-dram", action="store_true",
                     help="a bound: memory-bound rows priced at each GPU's own highest "
                          "sustained DRAM fraction (reads the held-out GPU's data)")
+    ap.add_argument("--host-floors", action="store_true",
+                    help="fit a floor per measuring host (GPU) rather than one per timing "
+                         "harness; the held-out GPU gets the training hosts' median")
+    ap.add_argument("--oracle-floor", action="store_true",
+                    help="a bound: --host-floors, and the held-out GPU priced with its own "
+                         "host's floor (fitted on its data) for the training hosts' median")
     ap.add_argument("--time-weight", type=float, default=None,
                     help="weigh each sample in the loss by (its time / the median's) to this "
                          "power (default: train.TIME_WEIGHT, the shipped recipe's)")
@@ -415,11 +444,12 @@ def main(argv=None) -> int:
     res = validate(Path(args.data), group, drop=drop, add=add,
                    seed=args.seed, epochs=args.epochs, head=args.head, ensemble=args.ensemble,
                    oracle_dram=args.oracle_dram, extra=extra_files(args),
-                   board_levels=levels)
+                   board_levels=levels, host_floors=args.host_floors,
+                   oracle_floor=args.oracle_floor)
     keys = sorted({k for r in res.values() for k in r})
     mean = {k: np.mean([r[k] for g, r in res.items() if g != "P4" and k in r]) for k in keys}
     oracle = " oracle-dram" if args.oracle_dram else ""
-    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed} time-weight={T.TIME_WEIGHT:g}{oracle} board-levels={'on' if levels else 'off'}: "
+    print(f"{args.group} drop={drop or '-'} add={add or '-'} head={args.head} ensemble={args.ensemble} seed={args.seed} time-weight={T.TIME_WEIGHT:g}{oracle} board-levels={'on' if levels else 'off'}{' host-floors' if args.host_floors else ''}{' oracle-floor' if args.oracle_floor else ''}: "
           "mean over held-out GPUs except P4: " +
           "  ".join(f"{k} {v:.1f}" for k, v in mean.items()))
     if "P4" in res:

@@ -96,6 +96,10 @@ class GroupModel:
     # `boards`); not packed: the distilled network learns the measured GPUs
     # at their levels (`fit_distilled_groups`).
     board_levels: dict | None = None
+    # Each measuring host's floor (`fit_group`'s `hosts`): {GPU: floor us} of
+    # the dataset's harness; not packed (the floor the weights keep is their
+    # median).
+    host_floors_us: dict | None = None
 
     def times_us(self, x: np.ndarray, ideal: np.ndarray, level=0.0) -> np.ndarray:
         """The isolated-op time (us) of feature rows `x` with ideal times
@@ -207,7 +211,7 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
               x_more: np.ndarray | None = None, ideal_more: np.ndarray | None = None,
               probes: tuple | None = None, harness: np.ndarray | None = None,
               seed: int = 0, epochs: int = 60, hidden=HIDDEN, batch: int = 2048,
-              progress=None, head: str = "sigmoid", boards=None) -> GroupModel:
+              progress=None, head: str = "sigmoid", boards=None, hosts=None) -> GroupModel:
     """Fit one group's network and floor by minimising squared log error.
 
     `harness`: per sample, the timing harness that measured it
@@ -231,7 +235,16 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     returned network is the median board's (its levels in `board_levels`):
     the network learns what the shapes do on every GPU, the levels what sets one board apart
     (its sustained clock, its library's kernels), which no input can tell it
-    for a GPU it has not seen (see LEVEL_GROUPS)."""
+    for a GPU it has not seen (see LEVEL_GROUPS).
+
+    `hosts`: per sample, the GPU (and so the machine) that measured it.
+    Given, each harness gets a floor per host: a measurement's fixed cost is
+    the machine's as much as the harness's (the dataset's smallest softmax
+    kernels take 33 us on the A100's, P4's and T4's, 40 on the V100's and 57
+    on the P100's), and a floor shared by all hosts leaves the network to
+    explain a slow floor as a slow GPU. The model keeps each harness's median
+    host floor; a host outside the data gets that. Not the shipped recipe
+    (benchmarks/README.md, "The measuring host's floor")."""
     import torch
 
     if head not in ("sigmoid", "waves"):
@@ -269,11 +282,19 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
                               torch.nn.Linear(h2, 2 if head == "waves" else 1)).to(dt)
     log_waves_mean, log_waves_std = float(mean[5]), float(std[5])
     harness = np.zeros(len(x), np.int64) if harness is None else np.asarray(harness, np.int64)
-    hidx = torch.tensor(harness)
+    n_harness = int(harness.max()) + 1
+    # One floor per (harness, host) where hosts are given, else per harness.
+    if hosts is not None:
+        keys = np.char.add(np.char.add(harness.astype(str), "|"), np.asarray(hosts, dtype=str))
+        floor_keys, floor_of = np.unique(keys, return_inverse=True)
+        floor_harness = np.array([int(k.split("|", 1)[0]) for k in floor_keys])
+    else:
+        floor_keys, floor_of, floor_harness = None, harness, np.arange(n_harness)
+    hidx = torch.tensor(floor_of.astype(np.int64))
     # Each floor starts below its harness's fastest measurements.
     floor_raw = torch.nn.Parameter(torch.tensor([float(np.log(np.expm1(max(np.percentile(
-        target_us[harness == h] if (harness == h).any() else target_us, 1) * 0.8, 1.0))))
-        for h in range(int(harness.max()) + 1)], dtype=dt))
+        target_us[floor_of == h] if (floor_of == h).any() else target_us, 1) * 0.8, 1.0))))
+        for h in range(len(floor_harness))], dtype=dt))
     params = list(net.parameters()) + [floor_raw]
     if boards is not None:
         names, codes = np.unique(np.asarray(boards, dtype=str), return_inverse=True)
@@ -340,6 +361,12 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
                float(lin[2].bias.detach().double().numpy()[0]))] if head != "waves" else \
         [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in lin]
     floors = [float(f) for f in torch.nn.functional.softplus(floor_raw).detach()]
+    host_floors = None
+    if hosts is not None:
+        host_floors = {str(k.split("|", 1)[1]): f for k, f, h in
+                       zip(floor_keys, floors, floor_harness) if h == 0}
+        floors = [float(np.median([f for f, fh in zip(floors, floor_harness) if fh == h]))
+                  if (floor_harness == h).any() else 1.0 for h in range(n_harness)]
     board_levels = None
     if boards is not None:
         # The returned network is the median board's: the logit's constant
@@ -355,7 +382,8 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
         layers[2] = (w3, b3)
         board_levels = {str(n): float(v - mid) for n, v in zip(names, lv)}
     return GroupModel(group, mean, std, layers, floors[0], eta_max,
-                      harness_floors_us=tuple(floors[1:]), board_levels=board_levels)
+                      harness_floors_us=tuple(floors[1:]), board_levels=board_levels,
+                      host_floors_us=host_floors)
 
 
 # Groups whose ensemble networks are fitted with a level per GPU (`fit_group`'s

@@ -251,6 +251,29 @@ def test_each_timing_harness_has_its_own_floor():
     assert one.harness_floors_us == ()
 
 
+
+def test_each_measuring_host_can_have_its_own_floor():
+    """fit_group's `hosts` (benchmarks.feature_selection --host-floors): the
+    same kernels timed on three machines whose fixed costs differ (10, 20 and
+    40 us): a floor per host, the model keeping their median."""
+    from predictor.calibration import train as T
+    from predictor.kernels.features import N_FEATURES
+
+    rng = np.random.default_rng(1)
+    n = 1800
+    x = rng.normal(size=(n, N_FEATURES))
+    ideal = np.exp(rng.uniform(np.log(2.0), np.log(2000.0), n))   # us
+    x[:, 0] = x[:, 1] = np.log2(ideal)
+    hosts = np.repeat(np.array(["a", "b", "c"], dtype=object), n // 3)
+    floor = {"a": 10.0, "b": 20.0, "c": 40.0}
+    target = np.array([floor[h] for h in hosts]) + ideal / 0.5
+    m = T.fit_group(0, x, ideal, target, hosts=hosts, epochs=60, batch=64)
+    assert set(m.host_floors_us) == {"a", "b", "c"}
+    for h, f in floor.items():
+        assert m.host_floors_us[h] == pytest.approx(f, rel=0.3)
+    assert m.floor_us == pytest.approx(float(np.median(list(m.host_floors_us.values()))))
+    assert T.fit_group(0, x, ideal, target, epochs=2, batch=64).host_floors_us is None
+
 def test_the_shipped_models_on_the_measured_h200():
     """The committed H200 file scores op models on it per family and pass:
     every fp32 family of the file is there, the TF32 convolutions apart, and
