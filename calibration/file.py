@@ -279,7 +279,10 @@ def load(path, graph=None) -> Calibration:
         with zipfile.ZipFile(data) as zf:  # sizes from the zip directory, before inflating
             sizes = {i.filename: i.file_size for i in zf.infolist()}
     except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError):
-        sizes = {}  # np.load below says what is wrong with it
+        # Not a zip: numpy would try it as a pickle and say so, which reads as
+        # advice to unpickle it.
+        raise FileFormatError(f"{path}: not a readable calibration file (truncated or corrupt: "
+                              "not an .npz archive)") from None
     for name, cap in (("header.npy", MAX_HEADER_BYTES), ("measured_us.npy", MAX_MEASURED_BYTES)):
         if sizes.get(name, 0) > cap:
             raise FileFormatError(f"{shown}: {name[:-4]} unpacks to {sizes[name]:,} bytes, too "

@@ -438,7 +438,10 @@ def load_graph_meta(path: str | Path) -> tuple[Graph, dict]:
         with zipfile.ZipFile(data) as zf:  # a zip bomb would exhaust memory below
             unpacked = sum(i.file_size for i in zf.infolist())
     except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError):
-        unpacked = 0  # np.load below says what is wrong with it
+        # Not a zip: numpy would try it as a pickle and say so, which reads as
+        # advice to unpickle it.
+        raise FileFormatError(f"{path} is not a saved graph (truncated or corrupt: not an "
+                              ".npz archive)") from None
     if unpacked > MAX_GRAPH_FILE_BYTES:
         raise FileFormatError(f"{path}: {unpacked / 2**30:.0f} GiB unpacked, too large for a "
                               "saved graph")

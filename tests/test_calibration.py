@@ -268,6 +268,7 @@ def test_bad_files_name_the_file(saved, tmp_path, case, match):
     with pytest.raises(FileFormatError, match=match) as err:
         load(bad)
     assert str(bad) in str(err.value)
+    assert "pickle" not in str(err.value)  # numpy's advice for a file that is not a zip
 
 
 def test_other_model_file_is_refused_by_name(saved):
