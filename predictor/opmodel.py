@@ -95,7 +95,14 @@ def layout_problem(mlp: np.ndarray) -> str | None:
 
 def read_weights(path) -> tuple[np.ndarray, dict]:
     """Load a weights file written by ``predictor train-models``."""
+    import zipfile
+
     try:
+        with open(path, "rb") as fh:
+            is_zip = zipfile.is_zipfile(fh)
+        if not is_zip:
+            # numpy would try it as a pickle and say so
+            raise ValueError("truncated or corrupt: not an .npz archive")
         with np.load(path, allow_pickle=False) as z:
             mlp = np.asarray(z["mlp"], dtype=np.float64)
             meta = json.loads(bytes(z["meta"]).decode())
