@@ -281,7 +281,7 @@ def load(path, graph=None) -> Calibration:
     except (OSError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError):
         # Not a zip: numpy would try it as a pickle and say so, which reads as
         # advice to unpickle it.
-        raise FileFormatError(f"{path}: not a readable calibration file (truncated or corrupt: "
+        raise FileFormatError(f"{shown}: not a readable calibration file (truncated or corrupt: "
                               "not an .npz archive)") from None
     for name, cap in (("header.npy", MAX_HEADER_BYTES), ("measured_us.npy", MAX_MEASURED_BYTES)):
         if sizes.get(name, 0) > cap:
