@@ -153,3 +153,15 @@ def isolated_times_us(family, dtype, dims, gpus, gpu_index, params, mlp):
     for i in range(family.shape[0]):
         out[i] = isolated_time_us(family[i], dtype[i], dims[i], gpus[gpu_index[i]], params, mlp)
     return out
+
+
+@njit(cache=True)
+def step_times_us(family, dtype, kernels, dims, gpus, gpu_index, params, mlp):
+    """Vectorised op_time_us over rows (each with its own GPU): each row's
+    time inside a step, as the engine sums it (its kernels' launches, no
+    per-measurement floor)."""
+    out = np.empty(family.shape[0])
+    for i in range(family.shape[0]):
+        out[i] = op_time_us(family[i], dtype[i], kernels[i], dims[i], gpus[gpu_index[i]],
+                            params, mlp)
+    return out

@@ -22,7 +22,7 @@ from predictor.errors import InvalidArgumentError, WeightsError
 from predictor.kernels import layout as L
 from predictor.kernels.features import N_GROUPS
 from predictor.kernels.mlp import HEADER, OTHER_CHIPS
-from predictor.kernels.optime import isolated_times_us
+from predictor.kernels.optime import isolated_times_us, step_times_us
 from predictor.kernels.roofline import default_params
 
 WEIGHTS = "opmodels.npz"
@@ -206,8 +206,13 @@ def unmeasured_shape_notes(graph, batch_size: int | None = None) -> list[str]:
 
 def predict_rows(family: np.ndarray, dims: np.ndarray, gpus: Sequence[str] | str,
                  dtype: np.ndarray | None = None, *, mlp: np.ndarray | None = None,
-                 params: np.ndarray | None = None) -> np.ndarray:
-    """Isolated-op time (ms) of each row on its GPU (one id, or one per row)."""
+                 params: np.ndarray | None = None,
+                 kernels: np.ndarray | None = None) -> np.ndarray:
+    """Isolated-op time (ms) of each row on its GPU (one id, or one per row),
+    as a per-op benchmark times it: the learned families with the training
+    data's fixed per-measurement floor. With `kernels` (the rows' kernel
+    counts), each row's time inside a step instead, as the engine sums it:
+    no such floor, a launch cost per kernel."""
     family = np.ascontiguousarray(family, dtype=np.int64)
     dims = np.ascontiguousarray(dims, dtype=np.int64)
     if isinstance(gpus, str):
@@ -219,7 +224,22 @@ def predict_rows(family: np.ndarray, dims: np.ndarray, gpus: Sequence[str] | str
     dtype = np.zeros(len(family), np.int64) if dtype is None else np.asarray(dtype, np.int64)
     params = default_params() if params is None else params
     mlp = weights() if mlp is None else mlp
+    if kernels is not None:
+        kernels = np.ascontiguousarray(kernels, dtype=np.int64)
+        return step_times_us(family, dtype, kernels, dims, feats, index, params, mlp) * 1e-3
     return isolated_times_us(family, dtype, dims, feats, index, params, mlp) * 1e-3
+
+
+def floors_us(mlp: np.ndarray | None = None) -> dict[str, float]:
+    """Per learned model group, the fixed cost (us) of one timed call in the
+    training data's harness: part of every `predict_rows` / `predict_op`
+    time of the group's ops, and of no time inside a step."""
+    from predictor.kernels.features import GROUP_NAMES
+    from predictor.kernels.mlp import floor_us, has_group
+
+    mlp = weights() if mlp is None else mlp
+    return {GROUP_NAMES[g]: float(floor_us(mlp, g)) for g in range(N_GROUPS)
+            if len(mlp) and has_group(mlp, g)}
 
 
 # ---------------------------------------------------------------- predict_op --
@@ -296,8 +316,16 @@ def record_rows(call) -> list:
 
 
 def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = "float32",
-               origin: tuple[str, float] | None = None, **attrs: Any) -> float:
+               origin: tuple[str, float] | None = None, in_step: bool = False,
+               **attrs: Any) -> float:
     """Predicted time (ms) of one isolated op on `gpu`.
+
+    By default as a per-op benchmark times one op on its own: for the
+    learned families that includes the fixed cost of one timed call in the
+    training data's harness (20-60 us, by family: ``opmodel.floors_us``),
+    which dominates small ops. ``in_step=True``: the op's time inside a
+    training step, as ``predict`` sums it (its kernels' launch costs, no
+    per-call floor).
 
     origin: ``(gpu_id, measured_ms)``, the op's time measured on another GPU:
     calibrated mode, ``measured_ms x f(op, gpu) / f(op, origin)`` with ``f`` the
@@ -334,10 +362,12 @@ def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = 
     for i, (_, d, _) in enumerate(rows):
         dims[i, :len(d)] = d
     code = np.full(len(rows), dtype_code, dtype=np.int64)
-    t = float(predict_rows(fam, dims, gpu, code).sum())
+    kernels = np.array([r[2] for r in rows], dtype=np.int64) if in_step else None
+    t = float(predict_rows(fam, dims, gpu, code, kernels=kernels).sum())
     if origin_id is None:
         return t
-    return measured_ms * t / float(predict_rows(fam, dims, origin_id, code).sum())
+    return measured_ms * t / float(predict_rows(fam, dims, origin_id, code,
+                                                kernels=kernels).sum())
 
 
 def _check_origin(origin) -> tuple[str | None, float]:

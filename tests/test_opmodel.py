@@ -40,6 +40,31 @@ def test_predict_op_orders_gpus():
     assert h100 < v100 < t4
 
 
+@needs_weights
+def test_predict_op_in_step_leaves_the_measuring_floor_out():
+    """predict_op times one op as the training data's harness did, its fixed
+    cost per timed call included (opmodel.floors_us); in_step=True prices
+    it as the engine does inside a step. For a small op the floor is most
+    of the isolated time; for a long GEMM it is noise."""
+    import torch
+
+    floors = opmodel.floors_us()
+    assert set(floors) >= {"matmul", "elementwise", "softmax", "layer_norm"}
+    assert all(10.0 < f < 200.0 for f in floors.values())
+    small = [(1000,), (1000,)]
+    alone = predict_op("add", small, "A100-SXM4-80GB")
+    step = predict_op("add", small, "A100-SXM4-80GB", in_step=True)
+    assert 0 < step < alone
+    assert (alone - step) * 1e3 > 0.5 * floors["elementwise"]
+    big = [(4096, 4096), (4096, 4096)]
+    a, b = predict_op("linear", big, "T4"), predict_op("linear", big, "T4", in_step=True)
+    assert abs(a - b) / a < 0.01
+    # the engine's own time for the op in a graph of that op alone
+    graph = predictor.trace(torch.nn.Linear(4096, 4096, bias=False), (torch.randn(4096, 4096),),
+                            mode="inference")
+    engine = predictor.predict(graph, "T4").iteration_ms
+    assert b == pytest.approx(engine, rel=0.02)
+
 def test_predict_op_errors():
     with pytest.raises(predictor.UnknownGPUError):
         predict_op("linear", [(4, 4), (4, 4)], "H1OO")
