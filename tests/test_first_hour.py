@@ -160,6 +160,26 @@ def test_gpus_listing_marks_estimates_and_bases(capsys):
     assert rows["T4"]["price_estimate"] is False and rows["T4"]["price_date"] == "2025-01"
 
 
+
+def test_gpus_lists_the_gpus_a_name_picks(capsys):
+    """`predictor gpus h100 a100-sxm`: the GPUs whose ids contain a name
+    (case and dashes ignored), or the one an alias names; an unknown name is
+    the database's one-line error. No "~ marks 0 estimates" when the rows
+    shown have none."""
+    import json
+
+    assert cli.main(["gpus", "h100", "a100-sxm", "--json"]) == 0
+    ids = [r["id"] for r in json.loads(capsys.readouterr().out)]
+    assert ids and all("H100" in i or "A100-SXM" in i for i in ids)
+    assert "A100-PCIE-40GB" not in ids and "H200-SXM-141GB" not in ids
+    assert cli.main(["gpus", "RTX 4090"]) == 0
+    out = capsys.readouterr().out
+    assert "1 GPU," in out and "RTX-4090" in out and "0 estimates" not in out
+    with pytest.raises(SystemExit) as exc:
+        sys.exit(cli.main(["gpus", "zzz"]))
+    assert exc.value.code == 2
+    assert "unknown GPU 'zzz'" in capsys.readouterr().err
+
 def test_search_says_which_price_basis_it_ranked_by(conv_factory, capsys):
     import json
 

@@ -15,8 +15,26 @@ def add_parser(sub) -> None:
                        description="List known GPUs with their main specs and prices: cloud "
                                    "on-demand and marketplace USD per GPU-hour, each dated; "
                                    "'~' marks an estimate, '-' no price known on that basis.")
+    g.add_argument("names", nargs="*", metavar="NAME",
+                   help="only the GPUs whose id contains NAME (case, '-' and spaces ignored) "
+                        "or that NAME names, e.g. `predictor gpus h100 a100`")
     add_spec_argument(g)
     add_format_arguments(g, json_help="print JSON")
+
+
+def _key(name: str) -> str:
+    return "".join(c for c in str(name).lower() if c.isalnum())
+
+
+def matching(ids, names, hardware) -> list[str]:
+    """The ids among `ids` that each of `names` picks: those containing it,
+    else the one it names (an alias; an unknown name raises the database's
+    one-line error with the close names)."""
+    keep = set()
+    for name in names:
+        hits = {i for i in ids if _key(name) and _key(name) in _key(i)}
+        keep |= hits or {hardware.get(name).id}
+    return [i for i in ids if i in keep]
 
 
 def price_cell(usd, estimate) -> str:
@@ -41,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     load_specs(args.spec)
     df = hardware.gpus()
+    if args.names:
+        df = df[df["id"].isin(matching(list(df["id"]), args.names, hardware))] \
+            .reset_index(drop=True)
     # Whether the op models were trained on kernels measured on the GPU's chip
     # (else it is predicted from its spec sheet alone).
     outside = set(opmodel.outside_training_data(list(hardware.database())))
@@ -79,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
                 + (df["marketplace_estimate"] == True).sum())  # noqa: E712
     out.print(
         f"$/h cloud: cloud on-demand list prices{f' ({cloud})' if cloud else ''}; $/h market: "
-        f"marketplace hosts{f' ({market})' if market else ''}. ~ marks "
-        f"{plural(n_est, 'estimate')} (not read from a live listing); - no price known on that "
-        "basis. Sources: --json or specs/gpus.toml. `predictor search --objective cost` ranks "
+        f"marketplace hosts{f' ({market})' if market else ''}. "
+        + (f"~ marks {plural(n_est, 'estimate')} (not read from a live listing); " if n_est
+           else "")
+        + "- no price known on that basis. Sources: --json or specs/gpus.toml. "
+        "`predictor search --objective cost` ranks "
         "by the cloud column (--price-basis marketplace for the other). trained on: 'chip' "
         "where the op models learned from kernels measured on the GPU's chip; '-' where "
         "it is predicted from its spec sheet alone (README, 'How accurate'). ±err fp32: 90 % "
