@@ -340,7 +340,8 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
         # (the held-out GPU's included), the networks of the folds fitted
         # with a floor per host.
         host_floors = True
-        xa, ia, ga, ta = featurize(train)
+        xa, ia, ga, ta = model_features(train, drop, add, dram, T.tile_rule(train)) \
+            if group == features.G_BMM else featurize(train)
         ma = ga == group
         own_floor = T.fit_group(group, xa[ma], ia[ma], ta[ma], seed=seed + group, epochs=epochs,
                                 harness=train.harness[ma] if train.harness.any() else None,
@@ -378,9 +379,11 @@ def validate(data: Path, group: int, *, drop=(), add=(), seed: int = 0, epochs: 
                                 hosts=fit_on.gpu[mask] if host_floors else None)
         offset = np.exp(other_gpus_offset(model, x[mask], ideal[mask], t[mask], fit_on.gpu[mask])) \
             if group in T.OTHER_CHIPS_GROUPS else 1.0
-        pred = model.times_us(xe[em], ie[em]) * offset
-        if own_floor is not None:  # the held-out host's own floor for the model's median one
-            pred = (model.times_us(xe[em], ie[em]) - model.floor_us) * offset + own_floor[held]
+        pred = model.times_us(xe[em], ie[em])
+        if own_floor is None:
+            pred = pred * offset
+        else:  # the held-out host's own floor for the model's median one
+            pred = (pred - model.floor_us) * offset + own_floor[held]
         err = np.abs(pred - te[em]) / te[em] * 100.0
         fams = family_of(ev.op[em])
         out[held] = {f: float(err[fams == f].mean()) for f in sorted(set(fams))}

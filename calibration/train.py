@@ -285,11 +285,13 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     n_harness = int(harness.max()) + 1
     # One floor per (harness, host) where hosts are given, else per harness.
     if hosts is not None:
-        keys = np.char.add(np.char.add(harness.astype(str), "|"), np.asarray(hosts, dtype=str))
-        floor_keys, floor_of = np.unique(keys, return_inverse=True)
-        floor_harness = np.array([int(k.split("|", 1)[0]) for k in floor_keys])
+        host_names, host_code = np.unique(np.asarray(hosts, dtype=str), return_inverse=True)
+        pairs, floor_of = np.unique(np.stack([harness, host_code], axis=1), axis=0,
+                                    return_inverse=True)
+        floor_of = floor_of.ravel()
+        floor_harness, floor_host = pairs[:, 0], host_names[pairs[:, 1]]
     else:
-        floor_keys, floor_of, floor_harness = None, harness, np.arange(n_harness)
+        floor_of, floor_harness = harness, np.arange(n_harness)
     hidx = torch.tensor(floor_of.astype(np.int64))
     # Each floor starts below its harness's fastest measurements.
     floor_raw = torch.nn.Parameter(torch.tensor([float(np.log(np.expm1(max(np.percentile(
@@ -363,8 +365,8 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
     floors = [float(f) for f in torch.nn.functional.softplus(floor_raw).detach()]
     host_floors = None
     if hosts is not None:
-        host_floors = {str(k.split("|", 1)[1]): f for k, f, h in
-                       zip(floor_keys, floors, floor_harness) if h == 0}
+        host_floors = {str(name): f for name, f, h in zip(floor_host, floors, floor_harness)
+                       if h == 0}
         floors = [float(np.median([f for f, fh in zip(floors, floor_harness) if fh == h]))
                   if (floor_harness == h).any() else 1.0 for h in range(n_harness)]
     board_levels = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import zipfile
 from importlib import resources
 from typing import Any, Sequence
 
@@ -20,8 +21,8 @@ import numpy as np
 from predictor import dtypes, hardware
 from predictor.errors import InvalidArgumentError, WeightsError
 from predictor.kernels import layout as L
-from predictor.kernels.features import N_GROUPS
-from predictor.kernels.mlp import HEADER, OTHER_CHIPS
+from predictor.kernels.features import GROUP_NAMES, N_GROUPS
+from predictor.kernels.mlp import HEADER, OTHER_CHIPS, floor_us, has_group
 from predictor.kernels.optime import isolated_times_us, step_times_us
 from predictor.kernels.roofline import default_params
 
@@ -95,8 +96,6 @@ def layout_problem(mlp: np.ndarray) -> str | None:
 
 def read_weights(path) -> tuple[np.ndarray, dict]:
     """Load a weights file written by ``predictor train-models``."""
-    import zipfile
-
     try:
         with open(path, "rb") as fh:
             is_zip = zipfile.is_zipfile(fh)
@@ -234,9 +233,6 @@ def floors_us(mlp: np.ndarray | None = None) -> dict[str, float]:
     """Per learned model group, the fixed cost (us) of one timed call in the
     training data's harness: part of every `predict_rows` / `predict_op`
     time of the group's ops, and of no time inside a step."""
-    from predictor.kernels.features import GROUP_NAMES
-    from predictor.kernels.mlp import floor_us, has_group
-
     mlp = weights() if mlp is None else mlp
     return {GROUP_NAMES[g]: float(floor_us(mlp, g)) for g in range(N_GROUPS)
             if len(mlp) and has_group(mlp, g)}
@@ -322,7 +318,8 @@ def predict_op(op: str, shapes: Sequence[Sequence[int]], gpu: str, dtype: str = 
 
     By default as a per-op benchmark times one op on its own: for the
     learned families that includes the fixed cost of one timed call in the
-    training data's harness (20-60 us, by family: ``opmodel.floors_us``),
+    training data's harness (19-32 us, 123 for convolutions, with the shipped
+    weights: ``opmodel.floors_us``),
     which dominates small ops. ``in_step=True``: the op's time inside a
     training step, as ``predict`` sums it (its kernels' launch costs, no
     per-call floor).

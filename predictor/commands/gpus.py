@@ -26,13 +26,16 @@ def _key(name: str) -> str:
     return "".join(c for c in str(name).lower() if c.isalnum())
 
 
-def matching(ids, names, hardware) -> list[str]:
+def matching(ids, names) -> list[str]:
     """The ids among `ids` that each of `names` picks: those containing it,
     else the one it names (an alias; an unknown name raises the database's
     one-line error with the close names)."""
+    from predictor import hardware
+
     keep = set()
     for name in names:
-        hits = {i for i in ids if _key(name) and _key(name) in _key(i)}
+        key = _key(name)
+        hits = {i for i in ids if key and key in _key(i)}
         keep |= hits or {hardware.get(name).id}
     return [i for i in ids if i in keep]
 
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     load_specs(args.spec)
     df = hardware.gpus()
     if args.names:
-        df = df[df["id"].isin(matching(list(df["id"]), args.names, hardware))] \
+        df = df[df["id"].isin(matching(list(df["id"]), args.names))] \
             .reset_index(drop=True)
     # Whether the op models were trained on kernels measured on the GPU's chip
     # (else it is predicted from its spec sheet alone).

@@ -14,7 +14,7 @@ from predictor.commands.common import (ERROR_COLUMN_NOTE, add_calibration_argume
                                        add_step_arguments, console, error_cell, gpus_for,
                                        json_records, load_graph, load_specs, notes, optimizer_text,
                                        parse_batch_sizes, precision_fields, precision_text,
-                                       targets, unknown_fits)
+                                       print_notes_stderr, targets, unknown_fits)
 
 NAME = "sweep"
 
@@ -106,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
         plot_sweep(res, args.plot, title=_title(graph, args))
     if args.csv == "-":   # the CSV was the output: the notes go beside it
-        from predictor.commands.common import print_notes_stderr
-
-        print_notes_stderr(lines + ([_wrote(args)] if _wrote(args) else []))
+        wrote = _wrote(args)
+        print_notes_stderr(lines + ([wrote] if wrote else []))
         return 0
     if args.json:
         print(json.dumps({
@@ -199,8 +198,9 @@ def print_best(graph, args, res, best, seconds: float, lines=()) -> None:
                  f"(limit {res.max_memory_fraction:.0%} of the GPU's memory)")
     if errors:
         note += f"\n{ERROR_COLUMN_NOTE}"
-    if _wrote(args):
-        note += f"\n{_wrote(args)}"
+    wrote = _wrote(args)
+    if wrote:
+        note += f"\n{wrote}"
     for line in lines:
         note += f"\n{line}"
     out.print(note, style="dim")
