@@ -162,8 +162,9 @@ def test_gpus_listing_marks_estimates_and_bases(capsys):
 
 
 def test_gpus_lists_the_gpus_a_name_picks(capsys):
-    """`predictor gpus h100 a100-sxm`: the GPUs whose ids contain a name
-    (case and dashes ignored), or the one an alias names; an unknown name is
+    """`predictor gpus h100 a100-sxm`: the GPU whose id a name is, else the
+    GPUs whose ids contain it (case and dashes ignored), or the one an alias
+    names; an unknown name is
     the database's one-line error. No "~ marks 0 estimates" when the rows
     shown have none."""
     import json
@@ -172,6 +173,9 @@ def test_gpus_lists_the_gpus_a_name_picks(capsys):
     ids = [r["id"] for r in json.loads(capsys.readouterr().out)]
     assert ids and all("H100" in i or "A100-SXM" in i for i in ids)
     assert "A100-PCIE-40GB" not in ids and "H200-SXM-141GB" not in ids
+    # A name that is an id picks that GPU alone, not every id containing it.
+    assert cli.main(["gpus", "l4", "a10", "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == ["A10", "L4"]
     assert cli.main(["gpus", "RTX 4090"]) == 0
     out = capsys.readouterr().out
     assert "1 GPU," in out and "RTX-4090" in out and "0 estimates" not in out

@@ -16,8 +16,9 @@ def add_parser(sub) -> None:
                                    "on-demand and marketplace USD per GPU-hour, each dated; "
                                    "'~' marks an estimate, '-' no price known on that basis.")
     g.add_argument("names", nargs="*", metavar="NAME",
-                   help="only the GPUs whose id contains NAME (case, '-' and spaces ignored) "
-                        "or that NAME names, e.g. `predictor gpus h100 a100`")
+                   help="only the GPUs NAME picks: the one whose id it is, else those whose "
+                        "id contains it (case, '-' and spaces ignored), else the one it is an "
+                        "alias of; e.g. `predictor gpus h100 a100 l4` (l4: the L4, not the L40)")
     add_spec_argument(g)
     add_format_arguments(g, json_help="print JSON")
 
@@ -27,15 +28,17 @@ def _key(name: str) -> str:
 
 
 def matching(ids, names) -> list[str]:
-    """The ids among `ids` that each of `names` picks: those containing it,
-    else the one it names (an alias; an unknown name raises the database's
-    one-line error with the close names)."""
+    """The ids among `ids` that each of `names` picks: the id it spells (so
+    `l4` is the L4 and `a10` the A10, not every id containing them), else
+    those containing it, else the one it names (an alias; an unknown name
+    raises the database's one-line error with the close names)."""
     from predictor import hardware
 
     keep = set()
     for name in names:
         key = _key(name)
-        hits = {i for i in ids if key and key in _key(i)}
+        hits = {i for i in ids if key and key == _key(i)} \
+            or {i for i in ids if key and key in _key(i)}
         keep |= hits or {hardware.get(name).id}
     return [i for i in ids if i in keep]
 
