@@ -39,8 +39,7 @@ from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
 from predictor.kernels.clocks import with_board_clock
 from predictor.kernels.precision import is_layout_transpose, rewrites
-from predictor.kernels.roofline import (P_LAUNCH_US, P_LSTM_STEP_US, generic_kernel_us,
-                                       runs_generic_kernel)
+from predictor.kernels.roofline import P_LAUNCH_US, generic_kernel_us, runs_generic_kernel
 from predictor.kernels.work import dims_at
 
 # Fewest tasks a sweep is split into when the batch sizes alone are too few to
@@ -140,8 +139,6 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
             if runs_generic_kernel(fam):
                 t = generic_kernel_us(fam, d, gpus[g], t)
             t += kern * params[P_LAUNCH_US]
-            if fam == L.LSTM or fam == L.LSTM_BWD:
-                t += d[0] * params[P_LSTM_STEP_US]
             if scaled:
                 t = cal_us[i] * t / t0[i]
             out[g, bi, ph] += t * ms_per_us

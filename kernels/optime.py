@@ -8,6 +8,9 @@ roofline with wave quantization.
 (eta with the chip's correction and, for GEMMs and convolutions on another
 board of a training chip, that board's sustained clock: kernels.clocks.)
 
+A recurrent layer is the sum of the kernels cuDNN runs for it
+(kernels.recurrent), each priced as above.
+
 eta is bounded in (0, eta_max], so a GPU with more bandwidth or FLOP/s can
 never be predicted absurdly: the ideal time shrinks and eta stays bounded.
 """
@@ -23,8 +26,10 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.clocks import with_board_clock
-from predictor.kernels.roofline import (P_LAUNCH_US, P_LSTM_STEP_US, generic_kernel_us,
-                                       per_channel_batch_norm_us, runs_generic_kernel)
+from predictor.kernels.recurrent import MAX_KERNELS, is_recurrent, lstm_kernels
+from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL,
+                                       generic_kernel_us, per_channel_batch_norm_us,
+                                       runs_generic_kernel)
 from predictor.kernels.roofline import op_time_us as analytical_time_us
 
 MAX_HIDDEN = 128
@@ -33,7 +38,10 @@ MAX_HIDDEN = 128
 @njit(cache=True)
 def is_learned(family, mlp):
     """Whether a learned model serves rows of `family` (a batched GEMM: the
-    batched-GEMM network, or the matmul one where the weights have none)."""
+    batched-GEMM network, or the matmul one where the weights have none; a
+    recurrent layer: the matmul network, which prices its GEMMs)."""
+    if is_recurrent(family):
+        return has_group(mlp, G_MATMUL)
     return has_group(mlp, group_of(family))
 
 
@@ -42,8 +50,35 @@ def learned_rows(family, mlp):
     """Which rows a learned model serves (vector form of is_learned)."""
     out = np.zeros(family.shape[0], dtype=np.bool_)
     for i in range(family.shape[0]):
-        out[i] = has_group(mlp, group_of(family[i]))
+        out[i] = is_learned(family[i], mlp)
     return out
+
+
+@njit(cache=True)
+def recurrent_params(dtype_code, params):
+    """The parameters a recurrent layer's GEMMs are priced under: cuDNN runs
+    an fp32 layer's GEMMs in TF32 when cuDNN may (torch.backends.cudnn.
+    allow_tf32, P_TF32_CONV), whatever the matmul flag says."""
+    if dtype_code != L.F32 or params[P_TF32_MATMUL] == params[P_TF32_CONV]:
+        return params
+    p = params.copy()
+    p[P_TF32_MATMUL] = params[P_TF32_CONV]
+    return p
+
+
+@njit(cache=True)
+def recurrent_us(family, dtype_code, d, gpu, params, mlp):
+    """Time of one recurrent row (us): its kernels (kernels.recurrent), each
+    priced as a row of its own family with one launch, one after another."""
+    fam = np.empty(MAX_KERNELS, dtype=np.int64)
+    dims = np.zeros((MAX_KERNELS, d.shape[0]), dtype=np.int64)
+    counts = np.empty(MAX_KERNELS, dtype=np.int64)
+    n = lstm_kernels(family, d, fam, dims, counts)
+    p = recurrent_params(dtype_code, params)
+    t = 0.0
+    for j in range(n):
+        t += counts[j] * (_row_us(fam[j], dtype_code, 1, dims[j], gpu, p, mlp))
+    return max(t, params[P_LAUNCH_US])
 
 
 @njit(cache=True)
@@ -95,6 +130,13 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
 
 @njit(cache=True)
 def _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
+    if is_recurrent(family):
+        return recurrent_us(family, dtype_code, d, gpu, params, mlp)
+    return _row_us(family, dtype_code, kernels, d, gpu, params, mlp)
+
+
+@njit(cache=True)
+def _row_us(family, dtype_code, kernels, d, gpu, params, mlp):
     if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
@@ -107,11 +149,8 @@ def _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
         return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
-    t = learned_row_us(group, family, dtype_code, d, gpu, params, mlp, False) \
+    return learned_row_us(group, family, dtype_code, d, gpu, params, mlp, False) \
         + kernels * params[P_LAUNCH_US]
-    if family == L.LSTM or family == L.LSTM_BWD:
-        t += d[0] * params[P_LSTM_STEP_US]
-    return t
 
 
 @njit(cache=True)
@@ -131,6 +170,8 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
 
 @njit(cache=True)
 def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
+    if is_recurrent(family):  # one cuDNN call: its kernels as in a step
+        return recurrent_us(family, dtype_code, d, gpu, params, mlp)
     if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)

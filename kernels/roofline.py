@@ -20,8 +20,7 @@ import numpy as np
 from numba import njit
 
 from predictor.kernels import layout as L
-from predictor.kernels.work import (flops_and_elems, gemm_shape, lstm_tile_padding,
-                                   row_elem_bytes, thread_blocks)
+from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes, thread_blocks
 
 # Smallest slice of the reduction dim one split-K block takes.
 SPLIT_K_MIN = 256
@@ -34,8 +33,7 @@ P_LAUNCH_US = 2 * L.N_FAMILIES          # GPU-side cost of one kernel launch
 P_TF32_MATMUL = P_LAUNCH_US + 1         # 1.0: fp32 matmuls use TF32 tensor cores
 P_TF32_CONV = P_LAUNCH_US + 2           # 1.0: fp32 convolutions use TF32 (cuDNN default)
 P_MEM_SATURATION = P_LAUNCH_US + 3      # fraction of block slots that saturates DRAM
-P_LSTM_STEP_US = P_LAUNCH_US + 4        # per time step cost of a recurrent layer
-N_PARAMS = P_LAUNCH_US + 5
+N_PARAMS = P_LAUNCH_US + 4
 
 # GPU-side cost of one kernel launch (us), the default of params[P_LAUNCH_US]:
 # chosen by hand in 7a15b7e (the first commit), not fitted. A CPU calibration
@@ -52,16 +50,16 @@ def default_params() -> np.ndarray:
     fitted to measurements: the efficiencies are round figures for the rule
     of thumb that cuBLAS/cuDNN reach 60-80 % of peak on large problems and
     elementwise kernels 70-85 % of DRAM bandwidth, lowered for kernels known
-    to run further from peak (attention, weight gradients, recurrent layers,
-    embedding backward's scattered adds). For the families a learned model
+    to run further from peak (attention, weight gradients, embedding
+    backward's scattered adds). Recurrent layers are priced as the kernels
+    cuDNN runs for them (kernels.recurrent), not here. For the families a learned model
     serves (``predictor.kernels.features.group_of``) the shipped weights'
     efficiencies replace these. The TF32 switches are PyTorch's defaults
     (cited below)."""
     p = np.empty(N_PARAMS)
     p[P_ETA_C:P_ETA_C + L.N_FAMILIES] = 0.7
     p[P_ETA_M:P_ETA_M + L.N_FAMILIES] = 0.75
-    for fam, eta in ((L.ATTENTION, 0.45), (L.ATTENTION_BWD, 0.35), (L.CONV_WGRAD, 0.6),
-                     (L.LSTM, 0.5), (L.LSTM_BWD, 0.45)):
+    for fam, eta in ((L.ATTENTION, 0.45), (L.ATTENTION_BWD, 0.35), (L.CONV_WGRAD, 0.6)):
         p[P_ETA_C + fam] = eta
     for fam, eta in ((L.EMBEDDING_BWD, 0.3), (L.OPTIMIZER, 0.8), (L.COPY, 0.7),
                      (L.REDUCTION, 0.65), (L.SOFTMAX_BWD, 0.7), (L.LAYER_NORM_BWD, 0.6)):
@@ -70,7 +68,6 @@ def default_params() -> np.ndarray:
     p[P_TF32_MATMUL] = 0.0  # torch.backends.cuda.matmul.allow_tf32 is False by default
     p[P_TF32_CONV] = 1.0    # torch.backends.cudnn.allow_tf32 is True by default
     p[P_MEM_SATURATION] = 0.25  # by hand in 7a15b7e, not fitted
-    p[P_LSTM_STEP_US] = 6.0     # by hand in 7a15b7e, not fitted (no LSTM in the data)
     return p
 
 
@@ -328,15 +325,9 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params):
         blocks *= max(min(slots // blocks, k // SPLIT_K_MIN), 1)
     util = wave_utilisation(blocks, slots)
     util_m = min(1.0, blocks / max(params[P_MEM_SATURATION] * slots, 1.0))
-    if family == L.LSTM or family == L.LSTM_BWD:
-        flops *= lstm_tile_padding(d)  # so that its time never drops as the batch grows
     t_c = 0.0
     if flops > 0.0:
         t_c = flops / (peak_flops(gpu, family, dtype_code, params)
                        * params[P_ETA_C + family] * util) * 1e6
     t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[P_ETA_M + family] * util_m) * 1e6
-    t = max(t_c, t_m) + kernels * params[P_LAUNCH_US]
-    if family == L.LSTM or family == L.LSTM_BWD:
-        # Recurrent layers run one dependent step after another.
-        t += d[0] * params[P_LSTM_STEP_US]
-    return t
+    return max(t_c, t_m) + kernels * params[P_LAUNCH_US]

@@ -18,11 +18,6 @@ EW_THREADS = 128
 EW_ELEMS_PER_THREAD = 4
 # FlashAttention processes 128 query rows per thread block.
 ATTN_TILE = 128
-# cuDNN's recurrent layers, assumed to compute 32 batch rows x 128 gate columns
-# per thread block: chosen by hand in 7a15b7e, not fitted or measured (cuDNN's
-# RNN kernels are closed source, and the training data holds no LSTM).
-LSTM_TILE_B = 32
-LSTM_TILE_G = 128
 
 
 @njit(cache=True)
@@ -138,25 +133,12 @@ def thread_blocks(family, d):
         return max(bt * _cdiv(m, TILE_M) * _cdiv(n, TILE_N), 1), 1, 256
     if family == L.ATTENTION or family == L.ATTENTION_BWD:
         return max(d[0] * d[1] * _cdiv(d[2], ATTN_TILE), 1), 1, 128
-    if family == L.LSTM or family == L.LSTM_BWD:
-        return max(_cdiv(d[1], LSTM_TILE_B) * _cdiv(4 * d[3], LSTM_TILE_G), 1), 1, 256
     if family == L.SOFTMAX or family == L.SOFTMAX_BWD:
         return softmax_launch(d[L.MEM_INNER], d[L.MEM_OUTER])
     if family == L.LAYER_NORM or family == L.LAYER_NORM_BWD:
         return max(d[L.MEM_OUTER], 1), 8, 128  # one block of 128 threads per row
     written = max(d[L.MEM_WRITTEN], d[L.MEM_READ] // 2, 1)
     return max(_cdiv(written, EW_THREADS * EW_ELEMS_PER_THREAD), 1), 16, EW_THREADS
-
-
-@njit(cache=True)
-def lstm_tile_padding(d):
-    """Work done over work asked for a recurrent layer's gate GEMMs: they run
-    in LSTM_TILE_B x LSTM_TILE_G tiles (see thread_blocks), and a partly filled
-    tile costs a full one, so batch 33 is not 3 % more than 32 but a second
-    tile."""
-    b = max(d[1], 1)
-    g = max(4 * d[3], 1)
-    return (_cdiv(b, LSTM_TILE_B) * LSTM_TILE_B / b) * (_cdiv(g, LSTM_TILE_G) * LSTM_TILE_G / g)
 
 
 @njit(cache=True)

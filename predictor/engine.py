@@ -18,7 +18,8 @@ from predictor.errors import InvalidArgumentError, NotApplicableWarning
 from predictor.kernels import layout as L
 from predictor.kernels import precision
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
-from predictor.kernels.optime import learned_rows
+from predictor.kernels.optime import learned_rows, recurrent_params
+from predictor.kernels.recurrent import is_recurrent
 from predictor.kernels.roofline import (GENERIC_KERNEL_FAMILIES, P_LAUNCH_US, P_TF32_CONV,
                                        P_TF32_MATMUL, default_params, generic_kernel_us)
 from predictor.optable import Graph
@@ -63,12 +64,18 @@ def predicted_basis(ops, gpu=None, params: np.ndarray | None = None) -> np.ndarr
     (a feature row): GEMMs and convolutions on its tensor cores (half
     precision, TF32 matmuls) are analytical (predictor.kernels.precision);
     memory-bound rows in half precision stay learned: the fp32 model prices
-    them by the bytes they move."""
+    them by the bytes they move. A recurrent layer is priced as its GEMMs and
+    pointwise kernels (kernels.recurrent): learned unless the GEMMs run on
+    tensor cores."""
     basis = np.where(learned_rows(ops.family, _mlp()), L.BASIS_LEARNED, L.BASIS_ANALYTICAL)
     if gpu is not None:
         p = default_params() if params is None else params
         for i, (fam, dt) in enumerate(zip(ops.family, ops.dtype)):
-            if precision.mode_of(fam, dt, gpu, p) == precision.TENSOR_CORE:
+            if is_recurrent(fam):  # its GEMMs decide (kernels.recurrent)
+                fam, row_p = L.MATMUL, recurrent_params(dt, p)
+            else:
+                row_p = p
+            if precision.mode_of(fam, dt, gpu, row_p) == precision.TENSOR_CORE:
                 basis[i] = L.BASIS_ANALYTICAL
     return basis
 

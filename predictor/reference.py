@@ -98,8 +98,6 @@ def thread_blocks(family: int, d: Sequence[int]) -> tuple[int, int, int]:
         return max(bt * _cdiv(m, W.TILE_M) * _cdiv(n, W.TILE_N), 1), 1, 256
     if family in (L.ATTENTION, L.ATTENTION_BWD):
         return max(d[0] * d[1] * _cdiv(d[2], W.ATTN_TILE), 1), 1, 128
-    if family in (L.LSTM, L.LSTM_BWD):
-        return max(_cdiv(d[1], W.LSTM_TILE_B) * _cdiv(4 * d[3], W.LSTM_TILE_G), 1), 1, 256
     if family in (L.SOFTMAX, L.SOFTMAX_BWD):
         inner, outer = max(int(d[L.MEM_INNER]), 1), max(int(d[L.MEM_OUTER]), 1)
         if inner <= W.SOFTMAX_WARP_ROW:
@@ -175,19 +173,39 @@ def analytical_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[i
         blocks *= max(min(slots // blocks, k // R.SPLIT_K_MIN), 1)
     util = wave_utilisation(blocks, slots)
     util_m = min(1.0, blocks / max(params[R.P_MEM_SATURATION] * slots, 1.0))
-    if family in (L.LSTM, L.LSTM_BWD):  # partly filled gate tiles cost full ones
-        b, g = max(d[1], 1), max(4 * d[3], 1)
-        flops *= (_cdiv(b, W.LSTM_TILE_B) * W.LSTM_TILE_B / b) \
-            * (_cdiv(g, W.LSTM_TILE_G) * W.LSTM_TILE_G / g)
     t_c = 0.0
     if flops > 0.0:
         t_c = flops / (peak_flops(gpu, family, dtype_code, params)
                        * params[R.P_ETA_C + family] * util) * 1e6
     t_m = nbytes / (gpu[L.G_MEM_BW_GBS] * 1e9 * params[R.P_ETA_M + family] * util_m) * 1e6
-    t = max(t_c, t_m) + kernels * params[R.P_LAUNCH_US]
-    if family in (L.LSTM, L.LSTM_BWD):
-        t += d[0] * params[R.P_LSTM_STEP_US]
-    return t
+    return max(t_c, t_m) + kernels * params[R.P_LAUNCH_US]
+
+
+# ---- kernels/recurrent.py ----------------------------------------------------------
+
+def lstm_kernels(family: int, d: Sequence[int]) -> list[tuple[int, list[int], int]]:
+    """(family, dims, count) of each kernel cuDNN runs for one LSTM row [T, B, I, H]."""
+    t, b, i, h = d[0], d[1], d[2], d[3]
+    if t <= 0 or b <= 0 or h <= 0:
+        return []
+
+    def gemm(m, n, k, layout, count):
+        dims = [0] * len(d)
+        dims[:4] = [1, m, n, k]
+        dims[L.GEMM_LAYOUT] = layout
+        return L.MATMUL, dims, count
+
+    dims = [0] * len(d)  # the step's pointwise kernel: reads 2 x [b, 4h], writes one
+    dims[L.MEM_READ], dims[L.MEM_WRITTEN], dims[L.MEM_FLOPS] = 8 * b * h, 4 * b * h, 4 * b * h
+    dims[L.MEM_INNER], dims[L.MEM_OUTER] = 4 * h, b
+    gates = (L.ELEMENTWISE, dims, t)
+    if family == L.LSTM:
+        out = [gemm(t * b, 4 * h, i, L.GEMM_B_T, 1)] if i > 0 else []
+        return out + [gemm(b, 4 * h, h, L.GEMM_B_T, t), gates]
+    out = [gates, gemm(b, h, 4 * h, 0, t)]
+    if i > 0:
+        out += [gemm(t * b, i, 4 * h, 0, 1), gemm(4 * h, i, t * b, L.GEMM_A_T, 1)]
+    return out + [gemm(4 * h, h, t * b, L.GEMM_A_T, 1)]
 
 
 # ---- kernels/features.py -----------------------------------------------------------
@@ -674,6 +692,18 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
 
 def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                 gpu: Sequence[float], params, mlp) -> float:
+    if family in (L.LSTM, L.LSTM_BWD):  # optime.recurrent_us: its kernels, one launch each
+        p = list(params)
+        if dtype_code == L.F32:  # cuDNN's math mode: TF32 where cuDNN may use it
+            p[R.P_TF32_MATMUL] = params[R.P_TF32_CONV]
+        t = sum(count * _row_us(fam, dtype_code, 1, dims, gpu, p, mlp)
+                for fam, dims, count in lstm_kernels(family, d))
+        return max(t, params[R.P_LAUNCH_US])
+    return _row_us(family, dtype_code, kernels, d, gpu, params, mlp)
+
+
+def _row_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
+            gpu: Sequence[float], params, mlp) -> float:
     if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0 \
             and tensor_core_peak(L.CONV, dtype_code, gpu, params) <= 0.0:
         return 0.0
@@ -713,10 +743,7 @@ def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                         gpu[L.G_CHIP])
         eta = with_board_clock(mlp, group, eta, family, dtype_code, d, gpu, params)
         t = learned_us(family, dtype_code, d, gpu, params, eta)
-    t += kernels * params[R.P_LAUNCH_US]
-    if family in (L.LSTM, L.LSTM_BWD):
-        t += d[0] * params[R.P_LSTM_STEP_US]
-    return t
+    return t + kernels * params[R.P_LAUNCH_US]
 
 
 # ---- kernels/grid.py -------------------------------------------------------------

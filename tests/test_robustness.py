@@ -204,8 +204,11 @@ def test_convolutions_are_monotone_in_batch_on_every_gpu():
     "on L4, layer-norm backward 0.8 % from 16 to 17 on P4, the elementwise model's "
     "families 0.8 % from 112 to 113 on GTX 1080 Ti, layer norm 0.2 % from 376 to 377 "
     "on RTX PRO 6000 Blackwell (convolutions are monotone since their alignment "
-    "features left the batch out, softmax backward since the pre-Volta flag); remove "
-    "this mark when they are exactly monotone"))
+    "features left the batch out, softmax backward since the pre-Volta flag); and an "
+    "fp32 LSTM, priced as its cuDNN kernels, runs its TF32 weight-gradient GEMMs on the "
+    "unaligned kernels where steps x batch is not a multiple of 4 (backward 28 % from "
+    "batch 2043 to 2044 on RTX 3080, kernels/recurrent.py); remove this mark when they "
+    "are exactly monotone"))
 def test_learned_families_are_monotone_in_batch_on_every_gpu():
     drops = _batch_drops([f for f in range(L.N_FAMILIES) if _learned(f)])
     assert not drops, "; ".join(drops)

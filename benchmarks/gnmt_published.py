@@ -1,0 +1,119 @@
+"""GNMT v2 training throughput predicted against NVIDIA's published single-GPU
+figures: the check of the recurrent layers' pricing (kernels.recurrent).
+
+    python -m benchmarks.gnmt_published
+
+A reported check, not a fit: nothing in the predictor is tuned to these
+figures. NVIDIA's DeepLearningExamples README for its PyTorch GNMT
+(PyTorch/Translation/GNMT/README.md at commit 70c51ad, the pytorch-19.05-py3
+NGC container, "Training throughput results", 1 GPU, batch 128 a GPU) gives
+tokens/s averaged over a training epoch of WMT16 English-German, in fp32 and
+in mixed precision, on a DGX-1 (V100 16GB) and a DGX-2 (V100 32GB).
+
+What `train.py` runs there (`seq2seq/train/trainer.py`, same commit): the
+zoo's GNMT (`predictor.zoo.seq2seq`: 4 + 4 LSTM layers of 1,024, the first
+encoder layer bidirectional, Bahdanau attention on the first decoder layer,
+a 32,320-token classifier), Adam from `torch.optim` (PyTorch 1.1: one
+parameter at a time, so `adam-loop`), `clip_grad_norm_` at 5.0 (`+clip`);
+"mixed precision" is apex's `amp.initialize(opt_level="O2")`: the model in
+fp16, fp32 master weights for the optimizer, dynamic loss scaling. The
+figure is (source + target tokens) over the wall time of each iteration,
+averaged; batches are bucketed by length up to 50 tokens.
+
+Traced here at batch 128 with source and target of L tokens, predicted
+tokens/s = 2 x 128 x L over the predicted step. The step is nearly
+proportional to L, so the figure moves little with it; the table gives L = 25
+and 50. Mixed precision is traced two ways: under `amp="fp16"` (autocast: the
+LSTMs and GEMMs in fp16, softmax and loss in fp32, fp32 weights cast every
+step, fp32 Adam; the headline) and as a half-precision model
+(`dtype="float16"`: O2's fp16 activations everywhere, but its optimizer in
+fp16 too, without O2's fp32 master weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (commit 70c51ad), "
+          "'Training throughput results', 1 GPU, batch 128, pytorch-19.05-py3")
+
+# (GPU, precision, published tokens/s)
+PUBLISHED = [
+    ("V100-SXM2-16GB", "fp32", 21424),
+    ("V100-SXM2-16GB", "amp", 68312),
+    ("V100-SXM2-32GB", "fp32", 22742),
+    ("V100-SXM2-32GB", "amp", 72684),
+]
+BATCH = 128
+LENGTHS = (25, 50)
+OPTIMIZER = "adam-loop+clip"
+
+
+def predict_rows(lengths=LENGTHS) -> list[dict]:
+    """One dict per published figure: the predicted tokens/s at each length,
+    and the errors of their mean."""
+    import predictor
+
+    graphs = {}
+    for seq in lengths:
+        graphs[("fp32", seq)] = predictor.trace("gnmt", batch_size=BATCH, seq_len=seq,
+                                                optimizer=OPTIMIZER)
+        graphs[("amp", seq)] = predictor.trace("gnmt", batch_size=BATCH, seq_len=seq,
+                                               optimizer=OPTIMIZER, amp="fp16")
+    out = []
+    for gpu, prec, published in PUBLISHED:
+        row = {"gpu": gpu, "precision": prec, "published": published}
+        main, half = [], []
+        for seq in lengths:
+            tokens = 2 * BATCH * seq
+            p = predictor.predict(graphs[(prec, seq)], gpu)
+            main.append(tokens / p.iteration_ms * 1e3)
+            row[f"L{seq}"] = main[-1]
+            if prec == "amp":
+                h = predictor.predict(graphs[("fp32", seq)], gpu, dtype="float16")
+                half.append(tokens / h.iteration_ms * 1e3)
+        row["predicted"] = float(np.mean(main))
+        row["error_pct"] = 100 * (row["predicted"] / published - 1)
+        if half:
+            row["half_model"] = float(np.mean(half))
+            row["half_model_error_pct"] = 100 * (row["half_model"] / published - 1)
+        out.append(row)
+    return out
+
+
+def speedups(rows: list[dict]) -> list[tuple[str, float, float]]:
+    """(GPU, published, predicted) mixed-precision speedup over fp32."""
+    by = {(r["gpu"], r["precision"]): r for r in rows}
+    return [(gpu, by[(gpu, "amp")]["published"] / by[(gpu, "fp32")]["published"],
+             by[(gpu, "amp")]["predicted"] / by[(gpu, "fp32")]["predicted"])
+            for gpu in dict.fromkeys(r["gpu"] for r in rows)
+            if (gpu, "amp") in by and (gpu, "fp32") in by]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.parse_args(argv)
+    rows = predict_rows()
+    print(SOURCE)
+    cols = " | ".join(f"L = {s}" for s in LENGTHS)
+    print(f"\n| GPU | precision | published tokens/s | predicted, {cols} | mean | error "
+          "| as a half-precision model |")
+    print("| --- | --- | ---: |" + " ---: |" * len(LENGTHS) + " ---: | ---: | ---: |")
+    for r in rows:
+        half = (f"{r['half_model']:,.0f} ({r['half_model_error_pct']:+.1f} %)"
+                if "half_model" in r else "-")
+        lens = " | ".join(f"{r[f'L{s}']:,.0f}" for s in LENGTHS)
+        print(f"| {r['gpu']} | {r['precision']} | {r['published']:,} | {lens} | "
+              f"{r['predicted']:,.0f} | {r['error_pct']:+.1f} % | {half} |")
+    errs = [abs(r["error_pct"]) for r in rows]
+    print(f"\nmean |error| {np.mean(errs):.1f} % over {len(rows)} figures")
+    for gpu, pub, pred in speedups(rows):
+        print(f"{gpu}: mixed-precision speedup published {pub:.2f}x, predicted {pred:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""A recurrent layer is priced as the kernels cuDNN runs for it
+(kernels.recurrent, kernels.optime.recurrent_us)."""
+
+import numpy as np
+import pytest
+
+import predictor
+from predictor import opmodel
+from predictor.kernels import layout as L
+from predictor.kernels.optime import is_learned, recurrent_params
+from predictor.kernels.recurrent import MAX_KERNELS, lstm_kernels
+from predictor.kernels.roofline import P_TF32_CONV, default_params
+from predictor.kernels.work import flops_and_elems
+
+
+def _kernels(family, t, b, i, h):
+    d = np.zeros(L.MAX_DIMS, np.int64)
+    d[:4] = (t, b, i, h)
+    fam = np.empty(MAX_KERNELS, np.int64)
+    dims = np.zeros((MAX_KERNELS, L.MAX_DIMS), np.int64)
+    counts = np.empty(MAX_KERNELS, np.int64)
+    n = lstm_kernels(family, d, fam, dims, counts)
+    return d, fam[:n], dims[:n], counts[:n]
+
+
+@pytest.mark.parametrize("family", [L.LSTM, L.LSTM_BWD])
+@pytest.mark.parametrize("t,b,i,h", [(25, 128, 1024, 1024), (7, 3, 40, 96), (1, 1, 0, 8)])
+def test_the_kernels_do_the_layers_gemm_work(family, t, b, i, h):
+    """The GEMMs of the expansion do the layer's multiply-adds: 2 T B 4H (I + H)
+    forward, twice that backward (data and weight gradients)."""
+    d, fam, dims, counts = _kernels(family, t, b, i, h)
+    gemm = sum(c * flops_and_elems(f, x)[0] for f, x, c in zip(fam, dims, counts)
+               if f == L.MATMUL)
+    pointwise = 10.0 * t * b * 4 * h * (2 if family == L.LSTM_BWD else 1)
+    assert gemm == pytest.approx(flops_and_elems(family, d)[0] - pointwise)
+    # One step's recurrent GEMM and pointwise kernel run once per step.
+    assert sorted(c for c in counts if c != 1 or t == 1)[:2] == [t, t]
+
+
+def test_an_lstm_costs_its_kernels():
+    """optime's price of an LSTM row is the sum of its kernels priced as rows
+    of their own families, one launch each (kernels=1)."""
+    for family in (L.LSTM, L.LSTM_BWD):
+        d, fam, dims, counts = _kernels(family, 25, 128, 2048, 1024)
+        parts = opmodel.predict_rows(fam, dims, "V100-PCIE-32GB", kernels=np.ones(len(fam)))
+        whole = opmodel.predict_rows(np.array([family]), d[None], "V100-PCIE-32GB",
+                                     kernels=np.ones(1))
+        assert whole[0] == pytest.approx((parts * counts).sum(), rel=1e-9)
+
+
+def test_fp32_lstm_gemms_follow_cudnns_tf32_switch():
+    """cuDNN runs an fp32 layer's GEMMs on TF32 tensor cores when
+    torch.backends.cudnn.allow_tf32 allows (the default), whatever the matmul
+    switch: on an A100 turning the cuDNN switch off makes the layer slower;
+    on a V100 (no TF32) it changes nothing."""
+    d, *_ = _kernels(L.LSTM, 25, 128, 1024, 1024)
+    on = default_params()
+    off = on.copy()
+    off[P_TF32_CONV] = 0.0
+    assert recurrent_params(L.F32, on)[P_TF32_CONV] == 1.0
+    for gpu, slower in (("A100-SXM4-80GB", True), ("V100-SXM2-16GB", False)):
+        t_on, t_off = (opmodel.predict_rows(np.array([L.LSTM]), d[None], gpu, params=p,
+                                            kernels=np.ones(1))[0] for p in (on, off))
+        assert (t_off > 1.5 * t_on) if slower else t_off == pytest.approx(t_on)
+
+
+def test_an_lstm_step_reports_its_basis():
+    """fp32 on CUDA cores: learned (its GEMMs and pointwise kernels are the
+    learned models'); half precision: analytical (tensor-core GEMMs)."""
+    import torch
+
+    def build():
+        lstm = torch.nn.LSTM(64, 128, batch_first=True)
+        return lstm, torch.randn(8, 10, 64)
+
+    g = predictor.trace(build, loss_fn="mean")
+    assert is_learned(L.LSTM, opmodel.weights()) == bool(opmodel.weights().size)
+    ops = predictor.predict(g, "V100-PCIE-32GB").ops
+    lstm = ops[ops.family.isin(["lstm", "lstm_bwd"])]
+    assert len(lstm) == 2
+    expect = "learned" if opmodel.weights().size else "analytical"
+    assert set(lstm.basis) == {expect}
+    ops = predictor.predict(g, "V100-PCIE-32GB", dtype="float16").ops
+    assert set(ops[ops.family.isin(["lstm", "lstm_bwd"])].basis) == {"analytical"}
