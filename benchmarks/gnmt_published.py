@@ -5,18 +5,22 @@ figures: the check of the recurrent layers' pricing (kernels.recurrent).
 
 A reported check, not a fit: nothing in the predictor is tuned to these
 figures. NVIDIA's DeepLearningExamples README for its PyTorch GNMT
-(PyTorch/Translation/GNMT/README.md at commit 70c51ad, the pytorch-19.05-py3
-NGC container, "Training throughput results", 1 GPU, batch 128 a GPU) gives
-tokens/s averaged over a training epoch of WMT16 English-German, in fp32 and
-in mixed precision, on a DGX-1 (V100 16GB) and a DGX-2 (V100 32GB).
+(PyTorch/Translation/GNMT/README.md, the pytorch-20.06-py3 NGC container,
+"Training throughput results", 1 GPU, batch 128 a GPU) gives tokens/s
+averaged over a training epoch of WMT16 English-German on a DGX-1 (V100
+16GB: fp32 and mixed precision) and a DGX A100 (A100 40GB: TF32 and mixed
+precision). Its DGX-2H row is of the 450 W V100 SXM3 32GB H, which the GPU
+database does not hold.
 
-What `train.py` runs there (`seq2seq/train/trainer.py`, same commit): the
+What `train.py` runs there (`seq2seq/train/trainer.py` of that version): the
 zoo's GNMT (`predictor.zoo.seq2seq`: 4 + 4 LSTM layers of 1,024, the first
 encoder layer bidirectional, Bahdanau attention on the first decoder layer,
-a 32,320-token classifier), Adam from `torch.optim` (PyTorch 1.1: one
+a 32,320-token classifier), Adam from `torch.optim` (PyTorch 1.6: one
 parameter at a time, so `adam-loop`), `clip_grad_norm_` at 5.0 (`+clip`);
 "mixed precision" is apex's `amp.initialize(opt_level="O2")`: the model in
-fp16, fp32 master weights for the optimizer, dynamic loss scaling. The
+fp16, fp32 master weights for the optimizer, dynamic loss scaling; "TF32"
+(`--math tf32`) the fp32 program with TF32 matmuls and convolutions
+(`tf32_matmul=True` here). The
 figure is (source + target tokens) over the wall time of each iteration,
 averaged; batches are bucketed by length up to 50 tokens.
 
@@ -36,15 +40,16 @@ import argparse
 
 import numpy as np
 
-SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (commit 70c51ad), "
-          "'Training throughput results', 1 GPU, batch 128, pytorch-19.05-py3")
+SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (the version of "
+          "the pytorch-20.06-py3 container; stored copy: github.com/nlqq/NVIDIA-DeepLearningExamples "
+          "commit 68c8ab4), 'Training throughput results', 1 GPU, batch 128")
 
 # (GPU, precision, published tokens/s)
 PUBLISHED = [
-    ("V100-SXM2-16GB", "fp32", 21424),
-    ("V100-SXM2-16GB", "amp", 68312),
-    ("V100-SXM2-32GB", "fp32", 22742),
-    ("V100-SXM2-32GB", "amp", 72684),
+    ("V100-SXM2-16GB", "fp32", 21860),
+    ("V100-SXM2-16GB", "amp", 76438),
+    ("A100-SXM4-40GB", "tf32", 83214),
+    ("A100-SXM4-40GB", "amp", 140909),
 ]
 BATCH = 128
 LENGTHS = (25, 50)
@@ -60,6 +65,7 @@ def predict_rows(lengths=LENGTHS) -> list[dict]:
     for seq in lengths:
         graphs[("fp32", seq)] = predictor.trace("gnmt", batch_size=BATCH, seq_len=seq,
                                                 optimizer=OPTIMIZER)
+        graphs[("tf32", seq)] = graphs[("fp32", seq)]
         graphs[("amp", seq)] = predictor.trace("gnmt", batch_size=BATCH, seq_len=seq,
                                                optimizer=OPTIMIZER, amp="fp16")
     out = []
@@ -68,7 +74,7 @@ def predict_rows(lengths=LENGTHS) -> list[dict]:
         main, half = [], []
         for seq in lengths:
             tokens = 2 * BATCH * seq
-            p = predictor.predict(graphs[(prec, seq)], gpu)
+            p = predictor.predict(graphs[(prec, seq)], gpu, tf32_matmul=prec == "tf32")
             main.append(tokens / p.iteration_ms * 1e3)
             row[f"L{seq}"] = main[-1]
             if prec == "amp":
@@ -84,12 +90,16 @@ def predict_rows(lengths=LENGTHS) -> list[dict]:
 
 
 def speedups(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """(GPU, published, predicted) mixed-precision speedup over fp32."""
+    """(GPU, published, predicted) mixed-precision speedup over fp32 (TF32
+    where that is the other row)."""
     by = {(r["gpu"], r["precision"]): r for r in rows}
-    return [(gpu, by[(gpu, "amp")]["published"] / by[(gpu, "fp32")]["published"],
-             by[(gpu, "amp")]["predicted"] / by[(gpu, "fp32")]["predicted"])
-            for gpu in dict.fromkeys(r["gpu"] for r in rows)
-            if (gpu, "amp") in by and (gpu, "fp32") in by]
+    out = []
+    for gpu in dict.fromkeys(r["gpu"] for r in rows):
+        base = by.get((gpu, "fp32")) or by.get((gpu, "tf32"))
+        if (gpu, "amp") in by and base is not None:
+            out.append((gpu, by[(gpu, "amp")]["published"] / base["published"],
+                        by[(gpu, "amp")]["predicted"] / base["predicted"]))
+    return out
 
 
 def main(argv=None) -> int:
