@@ -15,7 +15,11 @@ data gradient and both weight gradients as three GEMMs over every step.
 models price (``kernels.optime.recurrent_us`` sums them), so an LSTM is
 priced from the same measured GEMMs and elementwise kernels as everything
 else, on tensor cores where its GEMMs run there, instead of from a
-hand-chosen efficiency. The pointwise kernel is described as an elementwise
+hand-chosen efficiency. The GEMMs' operands are laid out as cuDNN holds
+them: PyTorch's `weight_ih` and `weight_hh` ([4H, I], [4H, H], row-major)
+are views into cuDNN's own weight buffer, so the forward GEMMs read the
+weights K-major (`x @ W^T`, GEMM_B_T) and the data gradients read them
+N-major (`dgates @ W`). The pointwise kernel is described as an elementwise
 op over the [B, 4H] gates that reads two such tensors and writes one: it moves
 the gates, the cell state, h and the gates saved for the backward pass, 11 HB
 elements forward and 14 HB backward, against this description's 12 HB.
