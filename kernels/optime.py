@@ -77,7 +77,7 @@ def recurrent_us(family, dtype_code, d, gpu, params, mlp):
     p = recurrent_params(dtype_code, params)
     t = 0.0
     for j in range(n):
-        t += counts[j] * (_row_us(fam[j], dtype_code, 1, dims[j], gpu, p, mlp))
+        t += counts[j] * _row_us(fam[j], dtype_code, 1, dims[j], gpu, p, mlp)
     return max(t, params[P_LAUNCH_US])
 
 
