@@ -11,7 +11,8 @@ the spec loader) uses the same names, so a code is defined exactly once.
 #                layout = GEMM_A_T | GEMM_B_T: which operands are transposed views)
 #   convolution: conv*       dims = [N, C, H, W, K, R, S, P, Q, groups, stride, 0]
 #   attention:   attention*  dims = [B, heads, Sq, Sk, D, Dv, causal, 0...]
-#   LSTM layer:  lstm*       dims = [T, B, I, H, 0...] (one layer, one direction)
+#   recurrent:   lstm*       dims = [T, B, I, H, gates, 0...] (one layer, one
+#                direction; gates: 4 LSTM, 3 GRU, 1 plain RNN; 0 reads as 4)
 #   memory-bound families    dims = [read, written, flops, inner, outer, layout]
 #       (element counts; `inner` is the length of the reduced/normalised row)
 MATMUL = 0

@@ -1,8 +1,8 @@
 """A recurrent layer as the kernels cuDNN runs for it.
 
-An LSTM row (family LSTM or LSTM_BWD, dims [T, B, I, H]: one layer, one
-direction, T steps of a batch of B, input width I, hidden width H) is not one
-kernel. cuDNN's standard algorithm, the one PyTorch runs for fp32 layers and
+A recurrent row (family LSTM or LSTM_BWD, dims [T, B, I, H, gates]: one layer,
+one direction, T steps of a batch of B, input width I, hidden width H; 4 gates
+for an LSTM, 3 for a GRU, 1 for a plain RNN) is not one kernel. cuDNN's standard algorithm, the one PyTorch runs for fp32 layers and
 for most half-precision ones (`_select_rnn_algo` in ATen's cudnn/RNN.cpp),
 does what NVIDIA's description of it says (Appleyard, "Optimizing Recurrent
 Neural Networks in cuDNN 5", 2016): the input projections of every step in
@@ -20,9 +20,10 @@ them: PyTorch's `weight_ih` and `weight_hh` ([4H, I], [4H, H], row-major)
 are views into cuDNN's own weight buffer, so the forward GEMMs read the
 weights K-major (`x @ W^T`, GEMM_B_T) and the data gradients read them
 N-major (`dgates @ W`). The pointwise kernel is described as an elementwise
-op over the [B, 4H] gates that reads two such tensors and writes one: it moves
-the gates, the cell state, h and the gates saved for the backward pass, 11 HB
-elements forward and 14 HB backward, against this description's 12 HB.
+op over the [B, gates x H] pre-activations that reads two such tensors and
+writes one: for an LSTM it moves the gates, the cell state, h and the gates
+saved for the backward pass, 11 HB elements forward and 14 HB backward,
+against this description's 12 HB.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 from numba import njit
 
 from predictor.kernels import layout as L
+from predictor.kernels.work import rnn_gates
 
 # Kernel kinds one row expands to: at most five (the backward pass).
 MAX_KERNELS = 5
@@ -47,13 +49,13 @@ def _gemm(j, m, n, k, layout, count, fam, dims, counts):
 
 
 @njit(cache=True)
-def _gates(j, b, h, count, fam, dims, counts):
-    """Write kernel j: the pointwise kernel of one step over the [b, 4h] gates."""
+def _gates(j, b, g, count, fam, dims, counts):
+    """Write kernel j: the pointwise kernel of one step over the [b, g] gates."""
     for c in range(dims.shape[1]):
         dims[j, c] = 0
-    n = b * 4 * h
+    n = b * g
     dims[j, L.MEM_READ], dims[j, L.MEM_WRITTEN], dims[j, L.MEM_FLOPS] = 2 * n, n, n
-    dims[j, L.MEM_INNER], dims[j, L.MEM_OUTER] = 4 * h, b
+    dims[j, L.MEM_INNER], dims[j, L.MEM_OUTER] = g, b
     fam[j] = L.ELEMENTWISE
     counts[j] = count
 
@@ -65,29 +67,30 @@ def is_recurrent(family):
 
 @njit(cache=True)
 def lstm_kernels(family, d, fam, dims, counts):
-    """Fill fam[:n], dims[:n] and counts[:n] with the kernels of one LSTM row
-    (each run counts[j] times per execution of the row); returns n. Kernels
-    with an empty dim are left out."""
+    """Fill fam[:n], dims[:n] and counts[:n] with the kernels of one recurrent
+    row (each run counts[j] times per execution of the row); returns n.
+    Kernels with an empty dim are left out."""
     t, b, i, h = d[0], d[1], d[2], d[3]
     if t <= 0 or b <= 0 or h <= 0:
         return 0
+    g = rnn_gates(d) * h  # the gates' width: 4H for an LSTM
     n = 0
     if family == L.LSTM:
         if i > 0:  # x @ W_ih^T, every step at once
-            _gemm(n, t * b, 4 * h, i, L.GEMM_B_T, 1, fam, dims, counts)
+            _gemm(n, t * b, g, i, L.GEMM_B_T, 1, fam, dims, counts)
             n += 1
-        _gemm(n, b, 4 * h, h, L.GEMM_B_T, t, fam, dims, counts)  # h @ W_hh^T, each step
+        _gemm(n, b, g, h, L.GEMM_B_T, t, fam, dims, counts)  # h @ W_hh^T, each step
         n += 1
-        _gates(n, b, h, t, fam, dims, counts)
+        _gates(n, b, g, t, fam, dims, counts)
         return n + 1
-    _gates(n, b, h, t, fam, dims, counts)  # the gates' gradient, each step
+    _gates(n, b, g, t, fam, dims, counts)  # the gates' gradient, each step
     n += 1
-    _gemm(n, b, h, 4 * h, 0, t, fam, dims, counts)  # dgates @ W_hh, each step
+    _gemm(n, b, h, g, 0, t, fam, dims, counts)  # dgates @ W_hh, each step
     n += 1
     if i > 0:
-        _gemm(n, t * b, i, 4 * h, 0, 1, fam, dims, counts)  # dx = dgates @ W_ih
+        _gemm(n, t * b, i, g, 0, 1, fam, dims, counts)  # dx = dgates @ W_ih
         n += 1
-        _gemm(n, 4 * h, i, t * b, L.GEMM_A_T, 1, fam, dims, counts)  # dW_ih = dgates^T @ x
+        _gemm(n, g, i, t * b, L.GEMM_A_T, 1, fam, dims, counts)  # dW_ih = dgates^T @ x
         n += 1
-    _gemm(n, 4 * h, h, t * b, L.GEMM_A_T, 1, fam, dims, counts)  # dW_hh = dgates^T @ h
+    _gemm(n, g, h, t * b, L.GEMM_A_T, 1, fam, dims, counts)  # dW_hh = dgates^T @ h
     return n + 1

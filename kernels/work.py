@@ -21,6 +21,13 @@ ATTN_TILE = 128
 
 
 @njit(cache=True)
+def rnn_gates(d):
+    """Gates of a recurrent row (dims[4]): 4 for an LSTM, 3 for a GRU, 1 for a
+    plain RNN; 0, a row of a graph saved before the column, reads as 4."""
+    return d[4] if d[4] > 0 else 4
+
+
+@njit(cache=True)
 def dims_at(dbase, dslope, row, batch, out):
     """Dims of row `row` at batch size `batch` (dims are affine in the batch)."""
     for j in range(dbase.shape[1]):
@@ -74,8 +81,9 @@ def flops_and_elems(family, d):
         return flops, elems
     if family == L.LSTM or family == L.LSTM_BWD:
         t, b, i, h = d[0], d[1], d[2], d[3]
-        flops = 2.0 * t * b * 4 * h * (i + h) + 10.0 * t * b * 4 * h
-        elems = float(t * b * (i + h) + 4 * h * (i + h) + 2 * t * b * 4 * h)
+        g = rnn_gates(d) * h
+        flops = 2.0 * t * b * g * (i + h) + 10.0 * t * b * g
+        elems = float(t * b * (i + h) + g * (i + h) + 2 * t * b * g)
         if family == L.LSTM_BWD:
             flops *= 2.0
             elems *= 2.0

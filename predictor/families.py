@@ -445,28 +445,36 @@ def _mkldnn_rnn_layer_backward(x: TensorMeta, w_ih: TensorMeta, w_hh: TensorMeta
     return [(L.LSTM_BWD, (steps, batch, w_ih.shape[1], w_hh.shape[1]), 1)]
 
 
+# cuDNN's RNN modes (cudnnRNNMode_t) and the gates of each: the rows' dims[4]
+# (0, as an LSTM's rows keep it, reads as 4: kernels.work.rnn_gates).
+CUDNN_RNN_GATES = {0: 1, 1: 1, 2: 0, 3: 3}  # RNN_RELU, RNN_TANH, LSTM, GRU
+
+
 def _cudnn_rows(family: int, x: TensorMeta, weights: list, hidden: int, num_layers: int,
-                batch_first: bool, bidirectional: bool) -> list[Row]:
+                batch_first: bool, bidirectional: bool, mode: int = 2) -> list[Row]:
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     dirs = 2 if bidirectional else 1
+    gates = CUDNN_RNN_GATES.get(int(mode), 0)
     rows = []
     for layer in range(num_layers):
         inp = x.shape[-1] if layer == 0 else hidden * dirs
-        rows.extend([(family, (steps, batch, inp, hidden), 1)] * dirs)
+        dims = (steps, batch, inp, hidden) + ((gates,) if gates else ())
+        rows.extend([(family, dims, 1)] * dirs)
     return rows
 
 
 @register(aten._cudnn_rnn)
 def _cudnn_rnn(x, weights, stride0, weight_buf, hx, cx, mode, hidden, proj, num_layers,
                batch_first, dropout, train, bidirectional, *_, out=None, **__) -> list[Row]:
-    return _cudnn_rows(L.LSTM, x, weights, hidden, num_layers, batch_first, bidirectional)
+    return _cudnn_rows(L.LSTM, x, weights, hidden, num_layers, batch_first, bidirectional, mode)
 
 
 @register(aten._cudnn_rnn_backward)
 def _cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, output, grad_output,
                         grad_hy, grad_cy, mode, hidden, proj, num_layers, batch_first,
                         dropout, train, bidirectional, *_, out=None, **__) -> list[Row]:
-    return _cudnn_rows(L.LSTM_BWD, x, weights, hidden, num_layers, batch_first, bidirectional)
+    return _cudnn_rows(L.LSTM_BWD, x, weights, hidden, num_layers, batch_first, bidirectional,
+                       mode)
 
 
 # ------------------------------------------------------ normalisation, softmax --

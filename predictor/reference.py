@@ -83,8 +83,9 @@ def flops_and_elems(family: int, d: Sequence[int]) -> tuple[float, float]:
         return flops, elems
     if family in (L.LSTM, L.LSTM_BWD):
         t, b, i, h = d[:4]
-        flops = 2.0 * t * b * 4 * h * (i + h) + 10.0 * t * b * 4 * h
-        elems = float(t * b * (i + h) + 4 * h * (i + h) + 2 * t * b * 4 * h)
+        g = (d[4] if d[4] > 0 else 4) * h  # gates x H (work.rnn_gates)
+        flops = 2.0 * t * b * g * (i + h) + 10.0 * t * b * g
+        elems = float(t * b * (i + h) + g * (i + h) + 2 * t * b * g)
         if family == L.LSTM_BWD:
             flops *= 2.0
             elems *= 2.0
@@ -184,10 +185,12 @@ def analytical_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[i
 # ---- kernels/recurrent.py ----------------------------------------------------------
 
 def lstm_kernels(family: int, d: Sequence[int]) -> list[tuple[int, list[int], int]]:
-    """(family, dims, count) of each kernel cuDNN runs for one LSTM row [T, B, I, H]."""
+    """(family, dims, count) of each kernel cuDNN runs for one recurrent row
+    [T, B, I, H, gates]."""
     t, b, i, h = d[0], d[1], d[2], d[3]
     if t <= 0 or b <= 0 or h <= 0:
         return []
+    g = (d[4] if d[4] > 0 else 4) * h
 
     def gemm(m, n, k, layout, count):
         dims = [0] * len(d)
@@ -195,17 +198,17 @@ def lstm_kernels(family: int, d: Sequence[int]) -> list[tuple[int, list[int], in
         dims[L.GEMM_LAYOUT] = layout
         return L.MATMUL, dims, count
 
-    dims = [0] * len(d)  # the step's pointwise kernel: reads 2 x [b, 4h], writes one
-    dims[L.MEM_READ], dims[L.MEM_WRITTEN], dims[L.MEM_FLOPS] = 8 * b * h, 4 * b * h, 4 * b * h
-    dims[L.MEM_INNER], dims[L.MEM_OUTER] = 4 * h, b
+    dims = [0] * len(d)  # the step's pointwise kernel: reads 2 x [b, g], writes one
+    dims[L.MEM_READ], dims[L.MEM_WRITTEN], dims[L.MEM_FLOPS] = 2 * b * g, b * g, b * g
+    dims[L.MEM_INNER], dims[L.MEM_OUTER] = g, b
     gates = (L.ELEMENTWISE, dims, t)
     if family == L.LSTM:
-        out = [gemm(t * b, 4 * h, i, L.GEMM_B_T, 1)] if i > 0 else []
-        return out + [gemm(b, 4 * h, h, L.GEMM_B_T, t), gates]
-    out = [gates, gemm(b, h, 4 * h, 0, t)]
+        out = [gemm(t * b, g, i, L.GEMM_B_T, 1)] if i > 0 else []
+        return out + [gemm(b, g, h, L.GEMM_B_T, t), gates]
+    out = [gates, gemm(b, h, g, 0, t)]
     if i > 0:
-        out += [gemm(t * b, i, 4 * h, 0, 1), gemm(4 * h, i, t * b, L.GEMM_A_T, 1)]
-    return out + [gemm(4 * h, h, t * b, L.GEMM_A_T, 1)]
+        out += [gemm(t * b, i, g, 0, 1), gemm(g, i, t * b, L.GEMM_A_T, 1)]
+    return out + [gemm(g, h, t * b, L.GEMM_A_T, 1)]
 
 
 # ---- kernels/features.py -----------------------------------------------------------

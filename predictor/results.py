@@ -28,7 +28,8 @@ def describe(family: int, d) -> str:
         return f"{b}x{h}h q{sq} k{sk} d{dd}" + (" causal" if causal else "")
     if family in (L.LSTM, L.LSTM_BWD):
         t, b, i, h = d[:4]
-        return f"T{t} B{b} in{i} h{h}"
+        kind = {3: " GRU", 1: " RNN"}.get(int(d[4]) if len(d) > 4 else 0, "")
+        return f"T{t} B{b} in{i} h{h}{kind}"
     read, written = d[L.MEM_READ], d[L.MEM_WRITTEN]
     if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0:
         # cuDNN's layout transpose around an NCHW tensor-core convolution.

@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 import predictor
 from predictor import opmodel
@@ -82,3 +83,69 @@ def test_an_lstm_step_reports_its_basis():
     assert set(lstm.basis) == {expect}
     ops = predictor.predict(g, "V100-PCIE-32GB", dtype="float16").ops
     assert set(ops[ops.family.isin(["lstm", "lstm_bwd"])].basis) == {"analytical"}
+
+
+class _Recurrent(torch.nn.Module):
+    def __init__(self, kind, **kw):
+        super().__init__()
+        self.rnn = kind(64, 96, **kw)
+        self.head = torch.nn.Linear(96 * (2 if kw.get("bidirectional") else 1), 10)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+@pytest.mark.parametrize("amp", [None, "bf16", "fp16"])
+@pytest.mark.parametrize("kind,kw,gates", [
+    (torch.nn.GRU, dict(num_layers=2, bidirectional=True, dropout=0.1, batch_first=True), 3),
+    (torch.nn.RNN, dict(nonlinearity="relu", bias=False, batch_first=True), 1),
+    (torch.nn.RNN, dict(batch_first=True), 1),
+])
+def test_gru_and_rnn_trace_as_cudnns_layers(kind, kw, gates, amp):
+    """A CPU has no fused GRU or RNN layer and decomposes every step into GEMMs,
+    unsafe_split and pointwise ops (2,660 ops, 160 of them unmodelled, for a
+    2-layer GRU over 40 steps); the trace takes CUDA's path, one _cudnn_rnn
+    and its backward, one recurrent row per layer and direction carrying its
+    gates, in the autocast dtype under amp."""
+    def build():
+        return _Recurrent(kind, **kw), torch.randn(8, 20, 64)
+
+    g = predictor.trace(build, loss_fn="mean", amp=amp)
+    assert not g.unsupported and len(g.ops) < 60
+    ops = g.ops
+    rec = np.isin(ops.family, (L.LSTM, L.LSTM_BWD))
+    layers = kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1)
+    assert int(ops.count[rec & (ops.family == L.LSTM)].sum()) == layers
+    assert int(ops.count[rec & (ops.family == L.LSTM_BWD)].sum()) == layers
+    dims = ops.dims(8)[rec]
+    assert set(dims[:, 0]) == {20} and set(dims[:, 1]) == {8} and set(dims[:, 4]) == {gates}
+    want = {None: L.F32, "bf16": L.BF16, "fp16": L.F16}[amp]
+    assert set(ops.dtype[rec]) == {want}
+    p = predictor.predict(g, "A100-SXM4-80GB")
+    assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
+    shapes = set(p.ops[p.ops.family.isin(["lstm", "lstm_bwd"])]["shape"])
+    assert all(s.endswith(" GRU" if gates == 3 else " RNN") for s in shapes)
+
+
+def test_gate_count_sets_the_work():
+    """A GRU layer's GEMMs are three quarters of an LSTM layer's of the same
+    sizes, a plain RNN's a quarter; 0 (a graph saved before the column) is an
+    LSTM."""
+    flops = {}
+    for gates in (0, 4, 3, 1):
+        d = _kernels(L.LSTM, 25, 64, 512, 512)[0]
+        d[4] = gates
+        fam, dims, counts = _kernels_of(d)
+        flops[gates] = sum(c * flops_and_elems(f, x)[0] for f, x, c in zip(fam, dims, counts)
+                           if f == L.MATMUL)
+    assert flops[0] == flops[4]
+    assert flops[3] == pytest.approx(0.75 * flops[4])
+    assert flops[1] == pytest.approx(0.25 * flops[4])
+
+
+def _kernels_of(d, family=L.LSTM):
+    fam = np.empty(MAX_KERNELS, np.int64)
+    dims = np.zeros((MAX_KERNELS, L.MAX_DIMS), np.int64)
+    counts = np.empty(MAX_KERNELS, np.int64)
+    n = lstm_kernels(family, d, fam, dims, counts)
+    return fam[:n], dims[:n], counts[:n]

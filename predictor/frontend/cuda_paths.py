@@ -14,6 +14,19 @@ those calls to the aten op the CUDA build dispatches to:
   masked-scale kernel) in the backward. On a CPU it runs ``bernoulli_``,
   ``div_`` and ``mul`` (three float passes) and a ``mul`` backward.
   In-place dropout takes the decomposed path on CUDA too and is left alone.
+- ``gru``, ``rnn_tanh``, ``rnn_relu`` (``nn.GRU``, ``nn.RNN``, padded
+  input): a CUDA build runs the whole stack as one cuDNN call,
+  ``_cudnn_rnn``, and its backward as ``_cudnn_rnn_backward``; a CPU has no
+  fused GRU or RNN layer and decomposes every time step into GEMMs,
+  ``unsafe_split`` and pointwise ops (thousands of ops for a sequence of a
+  few hundred). The trace calls ``_cudnn_rnn`` as ATen's cuDNN path does
+  (weights as one flat buffer; under CUDA's autocast, input, state and
+  weights in its dtype, as ``AutocastRNN.cpp`` casts them), which lowers to
+  one recurrent row per layer and direction. ``_cudnn_rnn_backward`` has no
+  shape function in torch; `_cudnn_rnn_backward_meta` is registered as its
+  Meta kernel (its gradients have the shapes of what they differentiate).
+  LSTMs already trace as oneDNN's layer kernel (``mkldnn_rnn_layer``) on a
+  CPU, and packed sequences take the CPU path, both left alone.
 """
 
 from __future__ import annotations
@@ -23,6 +36,65 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 _DROPOUTS = (F.dropout, torch.dropout)
+# torch.gru / rnn_tanh / rnn_relu (nn.GRU, nn.RNN call them as torch._VF.*) and
+# cuDNN's mode for each (cudnnRNNMode_t).
+_RNNS = {torch.gru: 3, torch.rnn_tanh: 1, torch.rnn_relu: 0}
+_RNN_ARGS = ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train",
+             "bidirectional", "batch_first")
+
+
+def _cudnn_rnn_backward_meta(input, weight, weight_stride0, weight_buf, hx, cx, output,
+                             grad_output, grad_hy, grad_cy, mode, hidden_size, proj_size,
+                             num_layers, batch_first, dropout, train, bidirectional,
+                             batch_sizes, dropout_state, reserve, output_mask):
+    """Shapes of ``_cudnn_rnn_backward``'s outputs: each gradient has the shape of
+    what it differentiates (undefined where `output_mask` leaves it out)."""
+    dx = input.new_empty(input.shape) if output_mask[0] else None
+    dhx = hx.new_empty(hx.shape) if output_mask[1] else None
+    dcx = cx.new_empty(cx.shape) if output_mask[2] and cx is not None else None
+    dw = [w.new_empty(w.shape) for w in weight] if output_mask[3] else []
+    return dx, dhx, dcx, dw
+
+
+def _register_backward_meta() -> None:
+    op = "aten::_cudnn_rnn_backward"
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op, "Meta"):
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_cudnn_rnn_backward", _cudnn_rnn_backward_meta, "Meta")
+    _LIBS.append(lib)  # a Library unregisters its kernels when collected
+
+
+_LIBS: list = []
+_register_backward_meta()
+
+
+def _cudnn_rnn(mode: int, args: tuple, kwargs: dict, amp_dtype):
+    """``torch.gru`` / ``rnn_tanh`` / ``rnn_relu`` on padded input as CUDA runs it
+    (one ``_cudnn_rnn``), or None where that does not apply (a packed
+    sequence, real tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if len(args) + len(kwargs) != len(_RNN_ARGS) or "batch_sizes" in kwargs:
+        return None
+    v = {**dict(zip(_RNN_ARGS, args)), **kwargs}
+    x, hx, params = v["input"], v["hx"], v["params"]
+    if not isinstance(params, (list, tuple)) or not params \
+            or not all(isinstance(t, FakeTensor) for t in (x, hx, *params)):
+        return None
+    if amp_dtype is not None and torch.is_autocast_enabled("cpu") and x.is_floating_point():
+        x, hx = x.to(amp_dtype), hx.to(amp_dtype)
+        params = [w.to(amp_dtype) for w in params]
+    params = list(params)
+    hidden = hx.shape[-1]
+    # The weights as one flat buffer (cuDNN's), allocated, not copied: on a GPU
+    # the module's weights are views into it.
+    buf = params[0].new_empty((sum(w.numel() for w in params),))
+    out = torch.ops.aten._cudnn_rnn(
+        x, params, 4 if v["has_biases"] else 2, buf, hx, None, mode, hidden, 0,
+        int(v["num_layers"]), bool(v["batch_first"]), float(v["dropout"]), bool(v["train"]),
+        bool(v["bidirectional"]), [], None)
+    return out[0], out[1]
 
 
 def _dropout_args(func, args: tuple, kwargs: dict) -> tuple:
@@ -34,10 +106,19 @@ def _dropout_args(func, args: tuple, kwargs: dict) -> tuple:
 
 
 class CudaPaths(TorchFunctionMode):
-    """Route device-dependent composite ops to their CUDA implementation."""
+    """Route device-dependent composite ops to their CUDA implementation.
+    `amp_dtype`: the dtype of the trace's CUDA autocast, if any."""
+
+    def __init__(self, amp_dtype=None):
+        super().__init__()
+        self.amp_dtype = amp_dtype
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _RNNS:
+            out = _cudnn_rnn(_RNNS[func], args, kwargs, self.amp_dtype)
+            if out is not None:
+                return out
         if func in _DROPOUTS:
             x, p, training, inplace = _dropout_args(func, args, kwargs)
             if (isinstance(x, torch.Tensor) and training and not inplace

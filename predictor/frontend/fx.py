@@ -450,7 +450,8 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
 
     step = train_step if mode == "train" else inference_step
     try:
-        with CudaPaths(), fake, (policy if policy is not None else contextlib.nullcontext()):
+        with CudaPaths(policy.dtype if policy is not None else None), fake, \
+                (policy if policy is not None else contextlib.nullcontext()):
             gm = make_fx(step, tracing_mode="real")(params, buffers, opt_state, inputs)
     finally:
         module.train(was_training)
