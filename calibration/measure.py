@@ -13,7 +13,7 @@ so each family is mapped back to a torch call with the same work:
     matmul              torch.mm / torch.bmm
     conv / dgrad / wgrad   conv2d, aten.convolution_backward (one output mask each)
     attention (+ bwd)   F.scaled_dot_product_attention, its autograd backward
-    lstm (+ bwd)        one nn.LSTM layer, its autograd backward
+    lstm (+ bwd)        one nn.LSTM (GRU, RNN by the row's gates) layer, its autograd backward
     batch norm (+ bwd)  F.batch_norm (fp32 weights, the row's memory format), its
                         autograd backward: the backend a real step gets
     softmax, layer norm (+ bwd), embedding (+ bwd), pooling (+ bwd), dropout
@@ -199,10 +199,16 @@ def _attention_bwd(c: RowContext) -> Runner:
     return _autograd_backward(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v))
 
 
+# A recurrent row's layer by its gates (dims[4]; 0 is an LSTM's).
+_RECURRENT_LAYERS = {0: torch.nn.LSTM, 4: torch.nn.LSTM, 3: torch.nn.GRU, 1: torch.nn.RNN}
+
+
 def _lstm_setup(c: RowContext):
     steps, batch, inp, hidden = c.dims[:4]
+    gates = int(c.dims[4]) if len(c.dims) > 4 else 0
     dt = c.float_dtype
-    layer = torch.nn.LSTM(inp, hidden).to(device=c.device, dtype=dt)
+    kind = _RECURRENT_LAYERS.get(gates, torch.nn.LSTM)
+    layer = kind(inp, hidden).to(device=c.device, dtype=dt)
     x = c.tensor(steps, batch, inp, dtype=dt, requires_grad=True)
     return layer, x
 

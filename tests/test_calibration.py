@@ -413,3 +413,25 @@ def test_real_step_of_an_autocast_trace_runs_under_autocast(amp, dtype, monkeypa
     step()
     step()
     assert seen and set(seen) == {dtype}
+
+
+def test_a_gru_row_is_measured_as_a_gru():
+    """A recurrent row with 3 gates is timed as an nn.GRU layer, 1 as an
+    nn.RNN (calibration/measure.py reads the row's gates)."""
+    from calibration import measure as M
+
+    class Rec(nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.rnn = kind(16, 24)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    for kind, gates in ((nn.GRU, 3), (nn.RNN, 1)):
+        g = predictor.trace(Rec(kind), (torch.randn(5, 2, 16),), loss_fn="mean", batch_dim=1)
+        rows = np.isin(g.ops.family, (L.LSTM, L.LSTM_BWD))
+        assert set(g.ops.dims(2)[rows, 4]) == {gates}
+        assert M._RECURRENT_LAYERS[gates] is kind
+        times = measure_table(g.ops, 2, CPU, repeats=1, min_sample_s=1e-4, progress=False)
+        assert times.skipped == {} and np.all(times.us > 0)
