@@ -569,3 +569,34 @@ def test_no_memory_profile_is_said_and_fits_is_empty(tmp_path, capsys, command):
     assert cli.main(base) == 0
     table = capsys.readouterr().out
     assert "peak memory is not predicted" in table and "that fits" not in table
+
+
+@pytest.mark.parametrize("kind,kw,gates", [(torch.nn.GRU, {}, 3),
+                                           (torch.nn.RNN, {"nonlinearity": "relu"}, 1)])
+def test_gru_and_rnn_match_fx(tmp_path, kind, kw, gates):
+    """ONNX GRU and RNN nodes lower as the fx trace lowers nn.GRU and nn.RNN:
+    one cuDNN call, a recurrent row per layer with the layer's gates."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = kind(32, 64, num_layers=2, **kw)
+            self.head = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0])
+
+    torch.manual_seed(0)
+    net = Net()
+    path = export(net, (torch.randn(20, 2, 32),), tmp_path / "rnn.onnx", ["x"], ["y"],
+                  {"x": {1: "batch"}, "y": {1: "batch"}})
+    g = trace_onnx(path, batch_size=16)
+    fx = predictor.trace(net, (torch.randn(20, 16, 32),), batch_dim=1)
+    assert not g.unsupported and not fx.unsupported
+    for fam in (L.LSTM, L.LSTM_BWD):
+        rows = lambda t: sorted(tuple(r[:5]) for r in t.ops.dims(16)[t.ops.family == fam])
+        assert rows(g) == rows(fx) and {r[4] for r in rows(g)} == {gates}
+    t_onnx = predictor.predict(g, "A100-SXM4-80GB", batch_size=16).ops
+    t_fx = predictor.predict(fx, "A100-SXM4-80GB", batch_size=16).ops
+    rec = ["lstm", "lstm_bwd"]
+    assert t_onnx[t_onnx.family.isin(rec)].ms.sum() == \
+        pytest.approx(t_fx[t_fx.family.isin(rec)].ms.sum(), rel=1e-9)

@@ -110,7 +110,8 @@ _DIFF_INPUTS = {
     "Slice": (0,), "Pad": (0,), "Dropout": (0,), "Tile": (0,), "Resize": (0,), "Upsample": (0,),
     "Split": (0,), "Squeeze": (0,), "Unsqueeze": (0,), "BatchNormalization": (0, 1, 2),
     "Where": (1, 2), "ScatterND": (0, 2), "ScatterElements": (0, 2), "TopK": (0,),
-    "LSTM": (0, 1, 2, 3, 5, 6), "CumSum": (0,), "Clip": (0,), "Trilu": (0,),
+    "LSTM": (0, 1, 2, 3, 5, 6), "GRU": (0, 1, 2, 3, 5), "RNN": (0, 1, 2, 3, 5),
+    "CumSum": (0,), "Clip": (0,), "Trilu": (0,),
     "ReduceMean": (0,), "ReduceSum": (0,), "ReduceMax": (0,), "ReduceMin": (0,),
     "ReduceProd": (0,), "ReduceL2": (0,), "ReduceL1": (0,), "ReduceSumSquare": (0,),
     "ReduceLogSumExp": (0,), "Attention": (0, 1, 2), "LayerNormalization": (0, 1, 2),
@@ -539,8 +540,9 @@ def _reduce(ctx: _Ctx, node) -> list[_Fwd]:
 
 # ---- recurrent layers, attention ---------------------------------------------------
 
-@onnx_op("LSTM")
-def _lstm(ctx: _Ctx, node) -> list[_Fwd]:
+def _recurrent(ctx: _Ctx, node, mode: int) -> list[_Fwd]:
+    """An ONNX LSTM, GRU or RNN node as the one cuDNN call that runs it
+    (`mode`: cuDNN's, 2 LSTM, 3 GRU, 1 RNN tanh, 0 RNN relu)."""
     ins = list(node.input) + [""] * 8
     x, w, r, b = ins[0], ins[1], ins[2], ins[3]
     hidden = int(_attr(node, "hidden_size", ctx.shape(r)[-1]))
@@ -549,11 +551,28 @@ def _lstm(ctx: _Ctx, node) -> list[_Fwd]:
     outs = [o for o in node.output if o and ctx.values.get(o) is not None]
     weights = [ctx.t(w), ctx.t(r)] + ([ctx.t(b)] if b else [])
     call = Call(aten._cudnn_rnn.default,
-                (ctx.t(x), weights, 4, None, None, None, 2, hidden, 0, 1, batch_first, 0.0,
+                (ctx.t(x), weights, 4, None, None, None, mode, hidden, 0, 1, batch_first, 0.0,
                  ctx.train, bidir),
                 out=tuple(ctx.t(o) for o in outs))
     srcs = (x, (w, r) + ((b,) if b else ())) + (None,) * 12
     return [_Fwd(call, srcs, tuple(outs))]
+
+
+@onnx_op("LSTM")
+def _lstm(ctx: _Ctx, node) -> list[_Fwd]:
+    return _recurrent(ctx, node, 2)
+
+
+@onnx_op("GRU")
+def _gru(ctx: _Ctx, node) -> list[_Fwd]:
+    return _recurrent(ctx, node, 3)
+
+
+@onnx_op("RNN")
+def _rnn(ctx: _Ctx, node) -> list[_Fwd]:
+    acts = [a.decode() if isinstance(a, bytes) else str(a)
+            for a in (_attr(node, "activations", None) or ["Tanh"])]
+    return _recurrent(ctx, node, 0 if acts and acts[0].lower() == "relu" else 1)
 
 
 def _attention_call(ctx: _Ctx, q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, y: str,
