@@ -82,6 +82,9 @@ FREE_OPS = {
     aten.sym_size, aten.sym_stride, aten.sym_numel, aten.scalar_tensor,
     aten._local_scalar_dense, aten.detach, aten.alias, aten._assert_async,
     aten.sym_storage_offset,
+    # Views whose schema does not mark them as aliases (autograd does not track
+    # them as views); the CPU's LSTM, GRU and RNN cells chunk their gates so.
+    aten.unsafe_split, aten.unsafe_split_with_sizes, aten.unsafe_chunk,
 }
 
 
