@@ -1,0 +1,114 @@
+"""Neural collaborative filtering (NeuMF) training throughput predicted against
+NVIDIA's published single-GPU figures: a check of embedding-heavy steps.
+
+    python -m benchmarks.ncf_published
+
+A reported check, not a fit: nothing in the predictor is tuned to these
+figures. NVIDIA's DeepLearningExamples README for its PyTorch NCF
+(PyTorch/Recommendation/NCF/README.md, the PyTorch 21.04 NGC container,
+"Training performance results", 1 GPU, batch 2^20) gives samples/s averaged
+over an epoch of MovieLens-20m on a DGX A100 (A100 40GB: TF32 and mixed
+precision) and a DGX-1 (V100 16GB: fp32 and mixed precision).
+
+What `ncf.py` runs there (same README's version; the model as `neumf.py`
+defines it, written again here): NeuMF with 138,493 users and 26,744 items,
+64 matrix-factorisation factors, an MLP of 256-256-128-64 fed by two
+128-wide embeddings, ReLU and dropout 0.5 after each MLP layer, a 128 -> 1
+output layer, `BCEWithLogitsLoss(reduction="none")` then a mean, apex's
+FusedAdam (one multi-tensor kernel; traced as PyTorch's foreach Adam, a few
+kernels over the same bytes), `torch.cuda.amp` autocast with a GradScaler
+for mixed precision, and TF32 matmuls on the A100 (PyTorch 1.9's default).
+The published figure is the epoch's samples over its wall time, which also
+holds each epoch's negative sampling on the GPU (not modelled here).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Recommendation/NCF/README.md (commit 05ee986), "
+          "'Training performance results', 1 GPU, batch 1,048,576, PyTorch 21.04 NGC container")
+USERS, ITEMS, FACTORS, LAYERS = 138_493, 26_744, 64, (256, 256, 128, 64)
+BATCH = 2 ** 20
+
+# (GPU, precision, published samples/s)
+PUBLISHED = [
+    ("A100-SXM4-40GB", "tf32", 22.59e6),
+    ("A100-SXM4-40GB", "amp", 34.08e6),
+    ("V100-SXM2-16GB", "fp32", 10.42e6),
+    ("V100-SXM2-16GB", "amp", 21.84e6),
+]
+
+
+class NeuMFStep(nn.Module):
+    """NeuMF and its loss: (users, items, labels) -> mean binary cross entropy."""
+
+    def __init__(self, users=USERS, items=ITEMS, factors=FACTORS, layers=LAYERS, dropout=0.5):
+        super().__init__()
+        self.mf_user = nn.Embedding(users, factors)
+        self.mf_item = nn.Embedding(items, factors)
+        self.mlp_user = nn.Embedding(users, layers[0] // 2)
+        self.mlp_item = nn.Embedding(items, layers[0] // 2)
+        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in zip(layers[:-1], layers[1:]))
+        self.final = nn.Linear(layers[-1] + factors, 1)
+        self.dropout = dropout
+
+    def forward(self, user, item, label):
+        mf = self.mf_user(user) * self.mf_item(item)
+        x = torch.cat((self.mlp_user(user), self.mlp_item(item)), dim=1)
+        for layer in self.mlp:
+            x = F.dropout(F.relu(layer(x)), self.dropout, self.training)
+        logits = self.final(torch.cat((mf, x), dim=1))
+        loss = F.binary_cross_entropy_with_logits(logits, label.view(-1, 1), reduction="none")
+        return loss.float().view(-1).mean()
+
+
+def build(batch: int = BATCH):
+    """The factory `predictor.trace` takes: (model, example inputs)."""
+    inputs = (torch.randint(0, USERS, (batch,)), torch.randint(0, ITEMS, (batch,)),
+              torch.rand(batch))
+    return NeuMFStep(), inputs
+
+
+def predict_rows() -> list[dict]:
+    import predictor
+
+    graphs = {prec: predictor.trace(build, loss_fn="mean", amp="fp16" if prec == "amp" else None)
+              for prec in ("fp32", "amp")}
+    out = []
+    for gpu, prec, published in PUBLISHED:
+        g = graphs["amp" if prec == "amp" else "fp32"]
+        p = predictor.predict(g, gpu, batch_size=BATCH, tf32_matmul=prec == "tf32")
+        predicted = BATCH / p.iteration_ms * 1e3
+        out.append({"gpu": gpu, "precision": prec, "published": published,
+                    "predicted": predicted, "error_pct": 100 * (predicted / published - 1),
+                    "step_ms": p.iteration_ms, "by_family": p.by_family()})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
+    args = ap.parse_args(argv)
+    rows = predict_rows()
+    print(SOURCE)
+    print("\n| GPU | precision | published samples/s | predicted | error | predicted step ms |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['gpu']} | {r['precision']} | {r['published'] / 1e6:.2f}M | "
+              f"{r['predicted'] / 1e6:.2f}M | {r['error_pct']:+.1f} % | {r['step_ms']:.1f} |")
+    print(f"\nmean |error| {np.mean([abs(r['error_pct']) for r in rows]):.1f} % "
+          f"over {len(rows)} figures")
+    if args.breakdown:
+        for r in rows:
+            print(f"\n{r['gpu']} {r['precision']}:\n{r['by_family'].round(2).to_string()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
