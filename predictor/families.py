@@ -797,6 +797,22 @@ def _amp_update(scale, growth_tracker, found_inf, *_, out=None, **__) -> list[Ro
     return [memory_row(L.OPTIMIZER, 3, 2, 3, 1, 1)]
 
 
+@register(aten._fused_adam_, aten._fused_adamw_)
+def _fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *_, out=None,
+                **__) -> list[Row]:
+    # PyTorch's fused Adam / AdamW: one multi-tensor kernel per chunk that reads
+    # parameter, gradient and both moments and writes parameter and moments.
+    lists = [params, grads, exp_avgs, exp_avg_sqs]
+    n_tensors = len(params)
+    total = sum(t.numel for t in params)
+    read = sum(t.numel for lst in lists for t in lst)
+    written = sum(t.numel for lst in (params, exp_avgs, exp_avg_sqs) for t in lst)
+    per_launch = _MAX_TENSORS_BY_DEPTH[4]
+    kernels = max(math.ceil(n_tensors / per_launch), math.ceil(total / _MTA_ELEMS_PER_LAUNCH), 1)
+    inner = max(total // max(n_tensors, 1), 1)
+    return [memory_row(L.OPTIMIZER, read, written, 12 * total, inner, n_tensors, kernels)]
+
+
 def _is_multi_tensor(op: Any) -> bool:
     name = getattr(getattr(op, "overloadpacket", op), "__name__", "")
     return name.startswith("_foreach_") or name.startswith("_fused_")

@@ -48,8 +48,9 @@ def seq_len_arg(text: str) -> int:
 
 
 OPTIMIZER_HELP = ("optimizer step to include (default: adam): adam, adamw, sgd or none; "
-                  "-loop for PyTorch's for-loop step (foreach=False), +clip for "
-                  "clip_grad_norm_ before it, e.g. adamw+clip, adam-loop")
+                  "-loop for PyTorch's for-loop step (foreach=False), -fused for its fused "
+                  "Adam/AdamW kernel (fused=True), +clip for clip_grad_norm_ before it, e.g. "
+                  "adamw+clip, adam-loop, adamw-fused")
 
 
 def optimizer_arg(text: str) -> str:

@@ -326,7 +326,7 @@ def replicated(spec, stack: Stack, mode: str, optimizer: str | None, amp: str | 
         return None
     try:
         _, loop, clip = optimizers.parse(optimizer)
-        if mode == "train" and (loop or clip):
+        if mode == "train" and (loop or clip or optimizers.fused(optimizer)):
             # A for-loop step's ops are one per parameter, outside every
             # per-parameter list this extracts again over the N blocks; the
             # clip's stacked norms are a tensor one element per parameter.

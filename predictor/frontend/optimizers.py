@@ -12,6 +12,11 @@ An optimizer name is a base name with optional variants, ``BASE[-loop][+clip]``:
 - ``-loop``: the for-loop implementation (``foreach=False``, PyTorch's
   ``_single_tensor_*``), a kernel per parameter per operation, as custom
   per-parameter optimizers run too (the original BERT's ``BertAdam``);
+- ``-fused`` (Adam, AdamW): ``fused=True``, PyTorch's ``_fused_adam_`` /
+  ``_fused_adamw_``, one multi-tensor kernel that reads parameters,
+  gradients and both moments once and writes parameters and moments (apex's
+  FusedAdam, Hugging Face's ``adamw_torch_fused``), after a multi-tensor
+  increment of the step counters;
 - ``+clip``: ``torch.nn.utils.clip_grad_norm_`` before the step (the default
   of Hugging Face's Trainer, ``max_grad_norm=1.0``): a multi-tensor norm of
   every gradient, the total, and a multi-tensor scale of every gradient. The
@@ -32,21 +37,35 @@ if TYPE_CHECKING:
 
 BASES = ("adam", "adamw", "sgd")
 OPTIMIZERS = BASES + (None,)
-LOOP, CLIP = "-loop", "+clip"
-FORMS = "adam, adamw, sgd or none, with -loop (foreach=False) and/or +clip (clip_grad_norm_)"
+LOOP, FUSED, CLIP = "-loop", "-fused", "+clip"
+FORMS = ("adam, adamw, sgd or none, with -loop (foreach=False) or -fused (adam, adamw: "
+         "fused=True), and/or +clip (clip_grad_norm_)")
 
 
-def parse(name: str | None) -> tuple[str | None, bool, bool]:
-    """(base, loop, clip) of a checked name."""
-    if name is None:
-        return None, False, False
+def _strip(name: str) -> tuple[str, bool, bool, bool]:
     clip = name.endswith(CLIP)
     if clip:
         name = name[: -len(CLIP)]
     loop = name.endswith(LOOP)
     if loop:
         name = name[: -len(LOOP)]
-    return name, loop, clip
+    fused = not loop and name.endswith(FUSED)
+    if fused:
+        name = name[: -len(FUSED)]
+    return name, loop, fused, clip
+
+
+def parse(name: str | None) -> tuple[str | None, bool, bool]:
+    """(base, loop, clip) of a checked name (`fused` says whether it is -fused)."""
+    if name is None:
+        return None, False, False
+    base, loop, _, clip = _strip(name)
+    return base, loop, clip
+
+
+def fused(name: str | None) -> bool:
+    """Whether a checked name is a -fused step."""
+    return name is not None and _strip(name)[2]
 
 
 def check(name: str | None) -> str | None:
@@ -57,11 +76,14 @@ def check(name: str | None) -> str | None:
     text = str(name).strip().lower().replace("_", "-")
     if text == "none":
         return None
-    base, loop, clip = parse(text)
+    base, loop, fuse, clip = _strip(text)
     if base not in BASES:
         raise InvalidArgumentError(f"unknown optimizer {name!r}; choose one of {FORMS} "
-                                   "(e.g. adamw, adamw+clip, adam-loop)")
-    return base + (LOOP if loop else "") + (CLIP if clip else "")
+                                   "(e.g. adamw, adamw+clip, adam-loop, adamw-fused)")
+    if fuse and base == "sgd":
+        raise InvalidArgumentError(f"unknown optimizer {name!r}: -fused is for adam and adamw "
+                                   "(PyTorch's fused Adam and AdamW)")
+    return base + (LOOP if loop else FUSED if fuse else "") + (CLIP if clip else "")
 
 
 def state_for(name: str | None, params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -70,7 +92,11 @@ def state_for(name: str | None, params: list[torch.Tensor]) -> list[list[torch.T
     import torch
 
     if parse(name)[0] in ("adam", "adamw"):
-        return [[torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]]
+        state = [[torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]]
+        if fused(name):  # the fused kernels keep each step counter as a tensor
+            state.append([torch.zeros((), dtype=torch.float32, device=p.device)
+                          for p in params])
+        return state
     return []
 
 
@@ -84,6 +110,8 @@ def torch_optimizer(name: str | None, params: list[torch.Tensor]):
     if base is None or not params:
         return None
     make = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[base]
+    if fused(name):
+        return make(params, lr=1e-3, fused=True)
     return make(params, lr=1e-3, foreach=not loop)
 
 
@@ -120,6 +148,14 @@ def step(name: str | None, params: list[torch.Tensor], grads: list[torch.Tensor]
         clip_grad_norm(grads)
     if loop:
         _loop_step(base, params, grads, state, lr, weight_decay)
+        return
+    if fused(name):
+        exp_avg, exp_avg_sq, steps = state
+        torch._foreach_add_(steps, 1)
+        kernel = torch._fused_adamw_ if base == "adamw" else torch._fused_adam_
+        kernel(params, grads, exp_avg, exp_avg_sq, [], steps, lr=lr, beta1=0.9, beta2=0.999,
+               weight_decay=0.01 if base == "adamw" else weight_decay, eps=1e-8,
+               amsgrad=False, maximize=False)
         return
     if base == "sgd":
         torch._foreach_add_(params, grads, alpha=-lr)
