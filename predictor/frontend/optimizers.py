@@ -132,7 +132,8 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float = 1.0) -> None:
 def step(name: str | None, params: list[torch.Tensor], grads: list[torch.Tensor],
          state: list[list[torch.Tensor]], lr: float = 1e-3, weight_decay: float = 0.0) -> None:
     """One optimizer step over all parameters, mirroring ``_multi_tensor_*``
-    (``-loop``: ``_single_tensor_*``), gradients clipped first for ``+clip``.
+    (``-loop``: ``_single_tensor_*``; ``-fused``: ``_fused_adam(w)``),
+    gradients clipped first for ``+clip``.
 
     The hyper-parameters are PyTorch's defaults (torch.optim.Adam, AdamW and
     SGD docs, https://pytorch.org/docs/stable/optim.html): lr=1e-3,
