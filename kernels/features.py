@@ -290,14 +290,28 @@ def sm_range(mlp, group):
     return 0.0, math.inf
 
 
+# The longest reduction (K) of any GEMM the matmul network was trained on:
+# 65,371 in the training files (65,536 in the test split). A GEMM that reduces
+# over more (a weight gradient over a batch of a million rows) is described at
+# this K, as a GPU outside the training SM counts is described at the nearest
+# one: its tiles and waves are those of the shorter GEMM, each tile's loop
+# just runs longer, and a longer loop amortises its start no worse, so the
+# efficiency at this K is a lower bound, and the time grows in proportion to
+# K from there. Left free, the network extrapolated along log K, in either
+# direction (benchmarks/README.md, "Embedding-heavy training against
+# published NCF throughput").
+MAX_REDUCTION = 65536
+
+
 @njit(cache=True)
 def group_features(group, family, dtype_code, d, gpu, params, mlp, out):
     """Fill `out[:N_FEATURES]` for a row priced by `group`'s network of
     weights `mlp` (`serving_group`); returns the row's ideal time (us), the
     time `learned_time_us` divides by the efficiency. A GEMM or convolution
     on a GPU of more or fewer SMs than the network was trained on is
-    described on the GPU's `sm_clamped` self (module docstring); its ideal
-    time stays its own."""
+    described on the GPU's `sm_clamped` self (module docstring), an unbatched
+    GEMM reducing over more than MAX_REDUCTION at that K; its ideal time
+    stays its own."""
     lo, hi = sm_range(mlp, group)
     outside = gpu[L.G_SMS] < lo or gpu[L.G_SMS] > hi
     if group == G_BMM:
@@ -306,7 +320,12 @@ def group_features(group, family, dtype_code, d, gpu, params, mlp, out):
             bmm_features(dtype_code, d, sm_clamped(gpu, lo, hi), params,
                          group_aux(mlp, G_BMM), out)
         return ideal
-    row_features(family, dtype_code, d, sm_clamped(gpu, lo, hi) if outside else gpu, params, out)
+    described = d
+    if family == L.MATMUL and d[3] > MAX_REDUCTION:
+        described = d.copy()
+        described[3] = MAX_REDUCTION
+    row_features(family, dtype_code, described, sm_clamped(gpu, lo, hi) if outside else gpu,
+                 params, out)
     return ideal_us(family, dtype_code, d, gpu, params)
 
 

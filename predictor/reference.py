@@ -379,6 +379,15 @@ def described_gpu(mlp, group: int, gpu):
     return sm_clamped(gpu, lo, hi) if not lo <= gpu[L.G_SMS] <= hi else gpu
 
 
+def described_dims(family: int, d) -> list[int]:
+    """The dims a learned GEMM row's features describe (features.group_features):
+    its reduction at most features.MAX_REDUCTION."""
+    d = list(d)
+    if family == L.MATMUL and d[3] > features.MAX_REDUCTION:
+        d[3] = features.MAX_REDUCTION
+    return d
+
+
 def row_features(family: int, dtype_code: int, d, gpu, params) -> list[float]:
     """The learned models' input vector for one row on one GPU."""
     family, d = forward_equivalent(family, d)
@@ -731,7 +740,7 @@ def _row_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
             one = [1] + list(d[1:])
             eta = with_chip(mlp, features.G_MATMUL,
                             efficiency(mlp, features.G_MATMUL,
-                                       row_features(family, dtype_code, one,
+                                       row_features(family, dtype_code, described_dims(family, one),
                                                     described_gpu(mlp, features.G_MATMUL, gpu),
                                                     params)),
                             gpu[L.G_CHIP])
@@ -740,7 +749,8 @@ def _row_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
             t = max(t, learned_us(family, dtype_code, one, gpu, params, eta))
     else:
         eta = with_chip(mlp, group, efficiency(mlp, group,
-                                               row_features(family, dtype_code, d,
+                                               row_features(family, dtype_code,
+                                                            described_dims(family, d),
                                                             described_gpu(mlp, group, gpu),
                                                             params)),
                         gpu[L.G_CHIP])

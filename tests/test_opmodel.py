@@ -882,3 +882,18 @@ def test_distillation_gpus_are_a_fixed_set_of_database_gpus():
     assert len(set(train.DISTIL_GPUS)) == len(train.DISTIL_GPUS)
     assert set(train.DISTIL_GPUS) <= ids
     assert "RTX-5090" in ids and "RTX-5090" not in train.DISTIL_GPUS
+
+
+def test_a_reduction_longer_than_any_trained_one_costs_in_proportion():
+    """An unbatched GEMM reducing over more than the matmul network ever saw
+    (features.MAX_REDUCTION) is described at that K: twice the reduction is
+    twice the time, whatever the network would have extrapolated."""
+    from predictor.kernels.features import MAX_REDUCTION
+
+    dims = np.zeros((3, L.MAX_DIMS), np.int64)
+    dims[:, :4] = [(1, 256, 256, 2 * MAX_REDUCTION), (1, 256, 256, 4 * MAX_REDUCTION),
+                   (1, 256, 256, 16 * MAX_REDUCTION)]
+    t = opmodel.predict_rows(np.full(3, L.MATMUL), dims, "V100-SXM2-16GB",
+                             kernels=np.ones(3, np.int64))
+    assert t[1] == pytest.approx(2 * t[0], rel=1e-3)
+    assert t[2] == pytest.approx(8 * t[0], rel=1e-3)
