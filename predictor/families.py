@@ -764,24 +764,30 @@ _MAX_TENSORS_BY_DEPTH = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
 _MTA_ELEMS_PER_LAUNCH = 65536 * 320  # chunk size x max blocks per launch
 
 
+def _multi_tensor_row(first: list, depth: int, read: int, written: int, flops: int) -> Row:
+    """The optimizer row of one multi_tensor_apply op over the tensors `first`
+    (its first list) touching `depth` lists: its launches by chunk, and one
+    "row" per tensor of the mean tensor size (inner x outer = elements, as in
+    every other memory-bound row)."""
+    n_tensors = len(first)
+    total = sum(t.numel for t in first)
+    per_launch = _MAX_TENSORS_BY_DEPTH[min(max(depth, 1), 5)]
+    kernels = max(math.ceil(n_tensors / per_launch), math.ceil(total / _MTA_ELEMS_PER_LAUNCH), 1)
+    inner = max(total // max(n_tensors, 1), 1)
+    return memory_row(L.OPTIMIZER, read, written, flops, inner, n_tensors, kernels)
+
+
 def _foreach(*args, out=None, **kwargs) -> list[Row]:
     lists = [a for a in list(args) + list(kwargs.values())
              if isinstance(a, (list, tuple)) and a and isinstance(a[0], TensorMeta)]
     if not lists:
         return generic_memory(L.OPTIMIZER, args, kwargs, out)
-    n_tensors = len(lists[0])
     read = sum(t.numel for lst in lists for t in lst)
     outs = tensors(out)
     # In-place variants write the first list; out-of-place ones return new tensors.
     written = sum(t.numel for t in outs) if outs else sum(t.numel for t in lists[0])
-    depth = min(len(lists) + (1 if outs else 0), 5)
-    per_launch = _MAX_TENSORS_BY_DEPTH[max(depth, 1)]
-    total = sum(t.numel for t in lists[0])
-    kernels = max(math.ceil(n_tensors / per_launch), math.ceil(total / _MTA_ELEMS_PER_LAUNCH), 1)
-    # One "row" per tensor, of the mean tensor size: inner x outer = elements,
-    # as in every other memory-bound row.
-    inner = max(total // max(n_tensors, 1), 1)
-    return [memory_row(L.OPTIMIZER, read, written, read, inner, n_tensors, kernels)]
+    depth = len(lists) + (1 if outs else 0)
+    return [_multi_tensor_row(lists[0], depth, read, written, read)]
 
 
 @register(aten._amp_foreach_non_finite_check_and_unscale_)
@@ -803,14 +809,10 @@ def _fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *_
     # PyTorch's fused Adam / AdamW: one multi-tensor kernel per chunk that reads
     # parameter, gradient and both moments and writes parameter and moments.
     lists = [params, grads, exp_avgs, exp_avg_sqs]
-    n_tensors = len(params)
-    total = sum(t.numel for t in params)
     read = sum(t.numel for lst in lists for t in lst)
     written = sum(t.numel for lst in (params, exp_avgs, exp_avg_sqs) for t in lst)
-    per_launch = _MAX_TENSORS_BY_DEPTH[4]
-    kernels = max(math.ceil(n_tensors / per_launch), math.ceil(total / _MTA_ELEMS_PER_LAUNCH), 1)
-    inner = max(total // max(n_tensors, 1), 1)
-    return [memory_row(L.OPTIMIZER, read, written, 12 * total, inner, n_tensors, kernels)]
+    total = sum(t.numel for t in params)
+    return [_multi_tensor_row(params, len(lists), read, written, 12 * total)]
 
 
 def _is_multi_tensor(op: Any) -> bool:

@@ -282,22 +282,28 @@ def test_attention_op_maps_to_the_attention_family(tmp_path):
     assert list(g.ops.dims(4)[0][:7]) == [4, 8, 128, 128, 64, 64, 1]
 
 
-def test_lstm_matches_fx(tmp_path):
+def _recurrent_traces(tmp_path, kind, **kw):
+    """A 2-layer `kind` (nn.LSTM, nn.GRU, nn.RNN) with a linear head, traced
+    from its ONNX export and by fx, both at batch 16 (dim 1)."""
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.lstm = torch.nn.LSTM(32, 64, num_layers=2)
+            self.rnn = kind(32, 64, num_layers=2, **kw)
             self.head = torch.nn.Linear(64, 10)
 
         def forward(self, x):
-            return self.head(self.lstm(x)[0])
+            return self.head(self.rnn(x)[0])
 
     torch.manual_seed(0)
     net = Net()
-    path = export(net, (torch.randn(20, 2, 32),), tmp_path / "lstm.onnx", ["x"], ["y"],
+    path = export(net, (torch.randn(20, 2, 32),), tmp_path / "rnn.onnx", ["x"], ["y"],
                   {"x": {1: "batch"}, "y": {1: "batch"}})
-    g = trace_onnx(path, batch_size=16)
-    fx = predictor.trace(net, (torch.randn(20, 16, 32),), batch_dim=1)
+    return trace_onnx(path, batch_size=16), predictor.trace(net, (torch.randn(20, 16, 32),),
+                                                             batch_dim=1)
+
+
+def test_lstm_matches_fx(tmp_path):
+    g, fx = _recurrent_traces(tmp_path, torch.nn.LSTM)
     for fam in ("lstm", "lstm_bwd"):
         assert by_family(g, 16)[("forward" if fam == "lstm" else "backward", fam)][0] == 2
     lstm = g.ops.family == L.LSTM
@@ -576,21 +582,7 @@ def test_no_memory_profile_is_said_and_fits_is_empty(tmp_path, capsys, command):
 def test_gru_and_rnn_match_fx(tmp_path, kind, kw, gates):
     """ONNX GRU and RNN nodes lower as the fx trace lowers nn.GRU and nn.RNN:
     one cuDNN call, a recurrent row per layer with the layer's gates."""
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = kind(32, 64, num_layers=2, **kw)
-            self.head = torch.nn.Linear(64, 10)
-
-        def forward(self, x):
-            return self.head(self.rnn(x)[0])
-
-    torch.manual_seed(0)
-    net = Net()
-    path = export(net, (torch.randn(20, 2, 32),), tmp_path / "rnn.onnx", ["x"], ["y"],
-                  {"x": {1: "batch"}, "y": {1: "batch"}})
-    g = trace_onnx(path, batch_size=16)
-    fx = predictor.trace(net, (torch.randn(20, 16, 32),), batch_dim=1)
+    g, fx = _recurrent_traces(tmp_path, kind, **kw)
     assert not g.unsupported and not fx.unsupported
     for fam in (L.LSTM, L.LSTM_BWD):
         rows = lambda t: sorted(tuple(r[:5]) for r in t.ops.dims(16)[t.ops.family == fam])

@@ -14,14 +14,19 @@ from predictor.kernels.roofline import P_TF32_CONV, default_params
 from predictor.kernels.work import flops_and_elems
 
 
-def _kernels(family, t, b, i, h):
-    d = np.zeros(L.MAX_DIMS, np.int64)
-    d[:4] = (t, b, i, h)
+def _kernels_of(d, family=L.LSTM):
+    """(families, dims, counts) of the kernels of the recurrent row `d`."""
     fam = np.empty(MAX_KERNELS, np.int64)
     dims = np.zeros((MAX_KERNELS, L.MAX_DIMS), np.int64)
     counts = np.empty(MAX_KERNELS, np.int64)
     n = lstm_kernels(family, d, fam, dims, counts)
-    return d, fam[:n], dims[:n], counts[:n]
+    return fam[:n], dims[:n], counts[:n]
+
+
+def _kernels(family, t, b, i, h):
+    d = np.zeros(L.MAX_DIMS, np.int64)
+    d[:4] = (t, b, i, h)
+    return (d, *_kernels_of(d, family))
 
 
 @pytest.mark.parametrize("family", [L.LSTM, L.LSTM_BWD])
@@ -141,14 +146,6 @@ def test_gate_count_sets_the_work():
     assert flops[0] == flops[4]
     assert flops[3] == pytest.approx(0.75 * flops[4])
     assert flops[1] == pytest.approx(0.25 * flops[4])
-
-
-def _kernels_of(d, family=L.LSTM):
-    fam = np.empty(MAX_KERNELS, np.int64)
-    dims = np.zeros((MAX_KERNELS, L.MAX_DIMS), np.int64)
-    counts = np.empty(MAX_KERNELS, np.int64)
-    n = lstm_kernels(family, d, fam, dims, counts)
-    return fam[:n], dims[:n], counts[:n]
 
 
 @pytest.mark.parametrize("cell", [torch.nn.GRUCell, torch.nn.LSTMCell, torch.nn.RNNCell])

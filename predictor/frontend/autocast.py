@@ -53,6 +53,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from predictor.errors import InvalidArgumentError
 from predictor.frontend import float8
+from predictor.frontend.cuda_paths import RNN_ARGS
 
 # fp8: bf16 autocast with every eligible nn.Linear in float8 (torchao's
 # tensorwise recipe, predictor.frontend.float8).
@@ -318,8 +319,6 @@ def _bitcast(x: Any, dtype: torch.dtype) -> Any:
     return x
 
 
-_LSTM_ARGS = ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train",
-              "bidirectional", "batch_first")
 _LSTM_MODE = 2  # oneDNN's (and cuDNN's) code for an LSTM cell
 
 
@@ -337,7 +336,7 @@ def _lstm_layers(args: tuple, kwargs: dict):
     ``mkldnn_impl``): time-major contiguous input, the layers in turn, the
     directions concatenated, dropout between layers (one fused kernel, as CUDA
     runs it), the final states stacked. The same graph on every CPU."""
-    v = {**dict(zip(_LSTM_ARGS, args)), **kwargs}
+    v = {**dict(zip(RNN_ARGS, args)), **kwargs}
     x, hx, params = v["input"], list(v["hx"]), list(v["params"])
     layers, dirs = int(v["num_layers"]), 2 if v["bidirectional"] else 1
     biases, train, batch_first = bool(v["has_biases"]), bool(v["train"]), bool(v["batch_first"])

@@ -33,14 +33,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 _DROPOUTS = (F.dropout, torch.dropout)
 # torch.gru / rnn_tanh / rnn_relu (nn.GRU, nn.RNN call them as torch._VF.*) and
 # cuDNN's mode for each (cudnnRNNMode_t).
 _RNNS = {torch.gru: 3, torch.rnn_tanh: 1, torch.rnn_relu: 0}
-_RNN_ARGS = ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train",
-             "bidirectional", "batch_first")
+# The arguments of their `.input` overloads (and torch.lstm's), in order.
+RNN_ARGS = ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train",
+            "bidirectional", "batch_first")
 
 
 def _cudnn_rnn_backward_meta(input, weight, weight_stride0, weight_buf, hx, cx, output,
@@ -73,11 +75,9 @@ def _cudnn_rnn(mode: int, args: tuple, kwargs: dict, amp_dtype):
     """``torch.gru`` / ``rnn_tanh`` / ``rnn_relu`` on padded input as CUDA runs it
     (one ``_cudnn_rnn``), or None where that does not apply (a packed
     sequence, real tensors)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if len(args) + len(kwargs) != len(_RNN_ARGS) or "batch_sizes" in kwargs:
+    if len(args) + len(kwargs) != len(RNN_ARGS) or "batch_sizes" in kwargs:
         return None
-    v = {**dict(zip(_RNN_ARGS, args)), **kwargs}
+    v = {**dict(zip(RNN_ARGS, args)), **kwargs}
     x, hx, params = v["input"], v["hx"], v["params"]
     if not isinstance(params, (list, tuple)) or not params \
             or not all(isinstance(t, FakeTensor) for t in (x, hx, *params)):
