@@ -431,6 +431,18 @@ def _attention_math(q: TensorMeta, k: TensorMeta, v: TensorMeta, *rest, out=None
 
 # --------------------------------------------------------------------- LSTM --
 
+def rnn_launches(family: int, steps: int, inp: int) -> int:
+    """Kernels cuDNN's standard algorithm launches for one layer and
+    direction (kernels.recurrent): forward, the input GEMM over every step,
+    then a recurrent GEMM and a pointwise kernel a step; backward, a
+    pointwise kernel and a recurrent GEMM a step, then dx, dW_ih and dW_hh.
+    The host pays a launch for each (predictor.overhead)."""
+    per_step = 2 * max(int(steps), 0)
+    if family == L.LSTM:
+        return max(per_step + (1 if inp > 0 else 0), 1)
+    return max(per_step + (2 if inp > 0 else 0) + 1, 1)
+
+
 @register(aten.mkldnn_rnn_layer)
 def _mkldnn_rnn_layer(x: TensorMeta, w_ih: TensorMeta, w_hh: TensorMeta, *_, out=None,
                       **__) -> list[Row]:
@@ -438,14 +450,16 @@ def _mkldnn_rnn_layer(x: TensorMeta, w_ih: TensorMeta, w_hh: TensorMeta, *_, out
     # w_ih [4H, I]. On a GPU the same layer runs as a cuDNN LSTM.
     steps, batch = x.shape[0], x.shape[1]
     hidden = w_hh.shape[1]
-    return [(L.LSTM, (steps, batch, w_ih.shape[1], hidden), 1)]
+    return [(L.LSTM, (steps, batch, w_ih.shape[1], hidden),
+             rnn_launches(L.LSTM, steps, w_ih.shape[1]))]
 
 
 @register(aten.mkldnn_rnn_layer_backward)
 def _mkldnn_rnn_layer_backward(x: TensorMeta, w_ih: TensorMeta, w_hh: TensorMeta, *_, out=None,
                                **__) -> list[Row]:
     steps, batch = x.shape[0], x.shape[1]
-    return [(L.LSTM_BWD, (steps, batch, w_ih.shape[1], w_hh.shape[1]), 1)]
+    return [(L.LSTM_BWD, (steps, batch, w_ih.shape[1], w_hh.shape[1]),
+             rnn_launches(L.LSTM_BWD, steps, w_ih.shape[1]))]
 
 
 # cuDNN's RNN modes (cudnnRNNMode_t) and the gates of each: the rows' dims[4]
@@ -462,7 +476,7 @@ def _cudnn_rows(family: int, x: TensorMeta, weights: list, hidden: int, num_laye
     for layer in range(num_layers):
         inp = x.shape[-1] if layer == 0 else hidden * dirs
         dims = (steps, batch, inp, hidden) + ((gates,) if gates else ())
-        rows.extend([(family, dims, 1)] * dirs)
+        rows.extend([(family, dims, rnn_launches(family, steps, inp))] * dirs)
     return rows
 
 

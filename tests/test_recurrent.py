@@ -169,3 +169,21 @@ def test_a_cell_loop_has_nothing_unmodelled(cell):
     assert g.unsupported == {}
     p = predictor.predict(g, "T4")
     assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
+
+
+@pytest.mark.parametrize("kind", [torch.nn.LSTM, torch.nn.GRU])
+def test_a_recurrent_row_launches_its_kernels(kind):
+    """The host pays a launch for every kernel cuDNN runs (predictor.overhead):
+    a recurrent row counts the kernels of its expansion, 2 T + 1 forward and
+    2 T + 3 backward for a layer with an input projection, not one."""
+    def build():
+        return _Recurrent(kind, num_layers=2, batch_first=True), torch.randn(8, 20, 64)
+
+    ops = predictor.trace(build, loss_fn="mean").ops
+    rec = np.nonzero(np.isin(ops.family, (L.LSTM, L.LSTM_BWD)))[0]
+    assert len(rec) == 4
+    dims = ops.dims(8)
+    for i in rec:
+        counts = _kernels_of(dims[i], ops.family[i])[2]
+        assert ops.kernels[i] == counts.sum()
+        assert ops.kernels[i] == (41 if ops.family[i] == L.LSTM else 43)
