@@ -352,7 +352,24 @@ def forward_equivalent(family, d):
     the DRAM roofline against 0.5 for its forward. So such a row takes the
     learned efficiency of the forward kernel over the same rows (the same
     inner and outer dims: one block a row, the same reduction) and pays its
-    own bytes at it (``learned_us``). Other rows are their own."""
+    own bytes at it (``learned_us``).
+
+    A fill writes n elements and reads none, and its read-to-write ratio
+    (feature 10, log2 0) lies a hundred units outside anything measured: the
+    network priced fills at 0.3-0.4 of the DRAM bandwidth at every size,
+    slower than a copy of twice the bytes, where the H200 ran the 250 M
+    element fill of BERT-large's loss gradient at 0.87 of it (240 us in
+    `benchmarks/data/h200/profile`). A fill is a stream of writes, so it is
+    described as the contiguous copy that moves its bytes (n / 2 read, n / 2
+    written). Other rows are their own."""
+    if family == L.FILL:
+        n = max(d[L.MEM_WRITTEN], 1)
+        f = np.zeros_like(d)
+        f[L.MEM_READ] = n // 2
+        f[L.MEM_WRITTEN] = n - n // 2
+        f[L.MEM_INNER] = n - n // 2
+        f[L.MEM_OUTER] = 1
+        return L.COPY, f
     if family != L.SOFTMAX_BWD and family != L.LAYER_NORM_BWD:
         return family, d
     inner = max(d[L.MEM_INNER], 1)

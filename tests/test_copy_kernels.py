@@ -303,3 +303,36 @@ def test_calibrations_made_before_the_flag_still_match():
     old = copy.deepcopy(g)
     old.ops.dbase[:, L.MEM_GENERIC] = 0  # the graph as an older version traced it
     assert graph_fingerprint(old) == before
+
+
+def _fill_and_copy_ms(gpu, n):
+    d = np.zeros((2, L.MAX_DIMS), np.int64)
+    d[0, L.MEM_WRITTEN], d[0, L.MEM_INNER], d[0, L.MEM_OUTER] = n, 1, n       # families._fill
+    d[1, L.MEM_READ], d[1, L.MEM_WRITTEN], d[1, L.MEM_INNER], d[1, L.MEM_OUTER] = n, n, n, 1
+    return opmodel.predict_rows(np.array([L.FILL, L.COPY]), d, gpu, kernels=np.ones(2))
+
+
+@pytest.mark.parametrize("gpu", ["V100-SXM2-16GB", "A100-SXM4-40GB", "T4", "P4", "H200-SXM-141GB",
+                                 "L4"])
+def test_a_fill_is_a_stream_of_writes(gpu):
+    """A fill moves half the bytes of a copy of as many elements: no slower
+    than that copy (to the networks' few per cent at the launch floor), and
+    half of it once the bytes dominate (the
+    network, asked about a read-to-write ratio of 0, priced fills at 0.3-0.4
+    of the bandwidth, slower than the copy)."""
+    for n in (1, 1 << 10, 1 << 16, 1 << 20, 1 << 24):
+        fill, copy_ = _fill_and_copy_ms(gpu, n)
+        assert 0 < fill <= copy_ * 1.05
+    fill, copy_ = _fill_and_copy_ms(gpu, 1 << 28)
+    assert fill == pytest.approx(copy_ / 2, rel=0.05)
+
+
+def test_bert_large_loss_gradient_fill_as_the_h200_ran_it():
+    """BERT-large b16's cross-entropy backward zeroes a 8,192 x 30,522 fp32
+    gradient: the H200 profile's fp32 FillFunctor kernels (that fill and six
+    of a few elements) took 252 us a step."""
+    prof = pd.read_csv(PROFILE / "bert-large-b16-bf16.csv")
+    measured = prof[prof.kernel.str.contains("FillFunctor<float>", regex=False)].us_per_step.sum()
+    assert measured == pytest.approx(252, abs=1)
+    fill = _fill_and_copy_ms("H200-SXM-141GB", 16 * 512 * 30522)[0] * 1e3
+    assert fill == pytest.approx(measured, rel=0.1)
