@@ -344,6 +344,12 @@ FORWARD_EQUIVALENT_CAP = 2.0 ** 58
 
 
 @njit(cache=True)
+def is_write_stream(family, d):
+    """A memory-bound row of the elementwise group that reads nothing."""
+    return group_of(family) == G_ELEMENTWISE and d[L.MEM_READ] <= 0
+
+
+@njit(cache=True)
 def forward_equivalent(family, d):
     """(family, dims) whose features a row is priced by. The data has no
     softmax or layer-norm backward kernel, and a network asked about one
@@ -354,20 +360,21 @@ def forward_equivalent(family, d):
     inner and outer dims: one block a row, the same reduction) and pays its
     own bytes at it (``learned_us``).
 
-    A fill writes n elements and reads none, and its read-to-write ratio
-    (feature 10, log2 0) lies a hundred units outside anything measured: the
-    network priced fills at 0.3-0.4 of the DRAM bandwidth at every size,
-    slower than a copy of twice the bytes, where the H200 ran the 250 M
-    element fill of BERT-large's loss gradient at 0.87 of it (240 us in
-    `benchmarks/data/h200/profile`). A fill is a stream of writes, so it is
-    described as the contiguous copy that moves its bytes (n / 2 read, n / 2
-    written). Other rows are their own."""
-    if family == L.FILL:
-        n = max(d[L.MEM_WRITTEN], 1)
+    A row that writes and reads nothing (a fill; random numbers) has a
+    read-to-write ratio (feature 10, log2 0) a hundred units outside
+    anything measured: the network priced fills at 0.3-0.4 of the DRAM
+    bandwidth at every size, slower than a copy of twice the bytes, where
+    the H200 ran the 250 M element fill of BERT-large's loss gradient at
+    0.87 of it (240 us in `benchmarks/data/h200/profile`). Such a row is a
+    stream of writes, so it is described as the contiguous copy that moves
+    its bytes (n / 2 elements read and n / 2 written, at least one). Other
+    rows are their own."""
+    if is_write_stream(family, d):
+        m = max((d[L.MEM_WRITTEN] + 1) // 2, 1)
         f = np.zeros_like(d)
-        f[L.MEM_READ] = n // 2
-        f[L.MEM_WRITTEN] = n - n // 2
-        f[L.MEM_INNER] = n - n // 2
+        f[L.MEM_READ] = m
+        f[L.MEM_WRITTEN] = m
+        f[L.MEM_INNER] = m
         f[L.MEM_OUTER] = 1
         return L.COPY, f
     if family != L.SOFTMAX_BWD and family != L.LAYER_NORM_BWD:

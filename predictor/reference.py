@@ -337,13 +337,12 @@ def group_aux(mlp, group: int) -> list[float]:
 
 def forward_equivalent(family: int, d):
     """A softmax or layer-norm backward row as the forward kernel over the
-    same rows, whose features price it, and a fill as the contiguous copy
-    that moves its bytes (see kernels.features)."""
-    if family == L.FILL:
-        n = max(int(d[L.MEM_WRITTEN]), 1)
+    same rows, whose features price it, and a row that reads nothing as the
+    contiguous copy that moves its bytes (see kernels.features)."""
+    if group_of(family) == features.G_ELEMENTWISE and int(d[L.MEM_READ]) <= 0:
+        m = max((int(d[L.MEM_WRITTEN]) + 1) // 2, 1)
         f = np.zeros_like(np.asarray(d))
-        f[L.MEM_READ], f[L.MEM_WRITTEN] = n // 2, n - n // 2
-        f[L.MEM_INNER], f[L.MEM_OUTER] = n - n // 2, 1
+        f[L.MEM_READ], f[L.MEM_WRITTEN], f[L.MEM_INNER], f[L.MEM_OUTER] = m, m, m, 1
         return L.COPY, f
     if family not in (L.SOFTMAX_BWD, L.LAYER_NORM_BWD):
         return family, d

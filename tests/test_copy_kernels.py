@@ -336,3 +336,20 @@ def test_bert_large_loss_gradient_fill_as_the_h200_ran_it():
     assert measured == pytest.approx(252, abs=1)
     fill = _fill_and_copy_ms("H200-SXM-141GB", 16 * 512 * 30522)[0] * 1e3
     assert fill == pytest.approx(measured, rel=0.1)
+
+
+@pytest.mark.parametrize("family", [L.FILL, L.DROPOUT])
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 1 << 20])
+def test_rows_that_read_nothing_are_described_inside_the_measured_range(family, n):
+    """A fill or a random-number row (reads nothing) is described as the
+    copy of its bytes, reading at least one element: never the log2 0 of
+    a read-to-write ratio of zero, in the kernels and the reference alike."""
+    from predictor.kernels.features import forward_equivalent
+    d = np.zeros(L.MAX_DIMS, np.int64)
+    d[L.MEM_WRITTEN], d[L.MEM_FLOPS], d[L.MEM_INNER], d[L.MEM_OUTER] = n, 4 * n, 1, n
+    fam, f = forward_equivalent(family, d.copy())
+    rfam, rf = reference.forward_equivalent(family, d.copy())
+    assert fam == rfam == L.COPY
+    assert list(f) == list(rf)
+    assert f[L.MEM_READ] >= 1 and f[L.MEM_READ] == f[L.MEM_WRITTEN]
+    assert f[L.MEM_READ] + f[L.MEM_WRITTEN] in (n, n + 1, 2)
