@@ -345,8 +345,9 @@ FORWARD_EQUIVALENT_CAP = 2.0 ** 58
 
 @njit(cache=True)
 def is_write_stream(family, d):
-    """A memory-bound row of the elementwise group that reads nothing."""
-    return group_of(family) == G_ELEMENTWISE and d[L.MEM_READ] <= 0
+    """A memory-bound row of the elementwise group that writes more than
+    twice what it reads (`forward_equivalent`)."""
+    return group_of(family) == G_ELEMENTWISE and 2 * d[L.MEM_READ] < d[L.MEM_WRITTEN]
 
 
 @njit(cache=True)
@@ -360,17 +361,19 @@ def forward_equivalent(family, d):
     inner and outer dims: one block a row, the same reduction) and pays its
     own bytes at it (``learned_us``).
 
-    A row that writes and reads nothing (a fill; random numbers) has a
-    read-to-write ratio (feature 10, log2 0) a hundred units outside
-    anything measured: the network priced fills at 0.3-0.4 of the DRAM
-    bandwidth at every size, slower than a copy of twice the bytes, where
-    the H200 ran the 250 M element fill of BERT-large's loss gradient at
-    0.87 of it (240 us in `benchmarks/data/h200/profile`). Such a row is a
-    stream of writes, so it is described as the contiguous copy that moves
-    its bytes (n / 2 elements read and n / 2 written, at least one). Other
-    rows are their own."""
+    A row that writes more than twice what it reads (`is_write_stream`: a
+    fill, random numbers, a broadcast operand expanded into a full tensor)
+    has a read-to-write ratio (feature 10) below anything measured, where
+    every elementwise kernel reads one or two elements a write: log2 0 is a
+    hundred units outside it. The network priced fills at 0.3-0.4 of the
+    DRAM bandwidth at every size, slower than a copy of twice the bytes,
+    where the H200 ran the 250 M element fill of BERT-large's loss gradient
+    at 0.87 of it (240 us in `benchmarks/data/h200/profile`). Such a row is
+    a stream of writes, so it is described as the contiguous copy that
+    moves its bytes (half of its elements read and half written, at least
+    one). Other rows are their own."""
     if is_write_stream(family, d):
-        m = max((d[L.MEM_WRITTEN] + 1) // 2, 1)
+        m = max((d[L.MEM_READ] + d[L.MEM_WRITTEN] + 1) // 2, 1)
         f = np.zeros_like(d)
         f[L.MEM_READ] = m
         f[L.MEM_WRITTEN] = m

@@ -747,7 +747,14 @@ def _rng(*args, out=None, **kwargs) -> list[Row]:
 
 
 def _loss(*args, out=None, **kwargs) -> list[Row]:
-    return generic_memory(L.LOSS, args, kwargs, out, flops_per_elem=2)
+    # A loss reduced to a scalar (or per-sample values: written well under a
+    # quarter of what it reads) is a reduction kernel, priced as every sum
+    # and mean is; the elementwise network only saw kernels that read one or
+    # two elements a write.
+    (family, dims, kernels), = generic_memory(L.LOSS, args, kwargs, out, flops_per_elem=2)
+    if 4 * dims[1] < dims[0]:
+        family = L.REDUCTION
+    return [(family, dims, kernels)]
 
 
 @register(aten.nll_loss_backward, aten.nll_loss2d_backward)

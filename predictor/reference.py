@@ -337,10 +337,11 @@ def group_aux(mlp, group: int) -> list[float]:
 
 def forward_equivalent(family: int, d):
     """A softmax or layer-norm backward row as the forward kernel over the
-    same rows, whose features price it, and a row that reads nothing as the
-    contiguous copy that moves its bytes (see kernels.features)."""
-    if group_of(family) == features.G_ELEMENTWISE and int(d[L.MEM_READ]) <= 0:
-        m = max((int(d[L.MEM_WRITTEN]) + 1) // 2, 1)
+    same rows, whose features price it, and a row that writes more than
+    twice what it reads as the contiguous copy that moves its bytes (see
+    kernels.features)."""
+    if group_of(family) == features.G_ELEMENTWISE and 2 * int(d[L.MEM_READ]) < int(d[L.MEM_WRITTEN]):
+        m = max((int(d[L.MEM_READ]) + int(d[L.MEM_WRITTEN]) + 1) // 2, 1)
         f = np.zeros_like(np.asarray(d))
         f[L.MEM_READ], f[L.MEM_WRITTEN], f[L.MEM_INNER], f[L.MEM_OUTER] = m, m, m, 1
         return L.COPY, f

@@ -338,18 +338,30 @@ def test_bert_large_loss_gradient_fill_as_the_h200_ran_it():
     assert fill == pytest.approx(measured, rel=0.1)
 
 
-@pytest.mark.parametrize("family", [L.FILL, L.DROPOUT])
-@pytest.mark.parametrize("n", [1, 2, 3, 1000, 1 << 20])
-def test_rows_that_read_nothing_are_described_inside_the_measured_range(family, n):
-    """A fill or a random-number row (reads nothing) is described as the
-    copy of its bytes, reading at least one element: never the log2 0 of
-    a read-to-write ratio of zero, in the kernels and the reference alike."""
+@pytest.mark.parametrize("family", [L.FILL, L.DROPOUT, L.ELEMENTWISE])
+@pytest.mark.parametrize("read,written", [(0, 1), (0, 2), (0, 3), (0, 1000), (0, 1 << 20),
+                                          (1, 1000), (161024, 163840000)])
+def test_write_streams_are_described_inside_the_measured_range(family, read, written):
+    """A row that writes more than twice what it reads (a fill, random
+    numbers, a broadcast mul) is described as the copy of its bytes, reading
+    at least one element: never a read-to-write ratio below the measured
+    kernels' (log2 0 for a fill), in the kernels and the reference alike."""
     from predictor.kernels.features import forward_equivalent
     d = np.zeros(L.MAX_DIMS, np.int64)
-    d[L.MEM_WRITTEN], d[L.MEM_FLOPS], d[L.MEM_INNER], d[L.MEM_OUTER] = n, 4 * n, 1, n
+    d[L.MEM_READ], d[L.MEM_WRITTEN], d[L.MEM_FLOPS] = read, written, 4 * written
+    d[L.MEM_INNER], d[L.MEM_OUTER] = 1, written
     fam, f = forward_equivalent(family, d.copy())
     rfam, rf = reference.forward_equivalent(family, d.copy())
     assert fam == rfam == L.COPY
     assert list(f) == list(rf)
     assert f[L.MEM_READ] >= 1 and f[L.MEM_READ] == f[L.MEM_WRITTEN]
-    assert f[L.MEM_READ] + f[L.MEM_WRITTEN] in (n, n + 1, 2)
+    assert 2 * f[L.MEM_READ] - (read + written) in (0, 1) or read + written == 1
+
+
+@pytest.mark.parametrize("read,written", [(1, 1), (2, 1), (1000, 1000), (2000, 1000), (500, 1000)])
+def test_rows_inside_the_measured_ratios_are_their_own(read, written):
+    from predictor.kernels.features import forward_equivalent
+    d = np.zeros(L.MAX_DIMS, np.int64)
+    d[L.MEM_READ], d[L.MEM_WRITTEN], d[L.MEM_INNER], d[L.MEM_OUTER] = read, written, written, 1
+    fam, f = forward_equivalent(L.ELEMENTWISE, d.copy())
+    assert fam == L.ELEMENTWISE and list(f) == list(d)

@@ -312,3 +312,27 @@ def test_a_gather_reads_what_it_gathers_not_its_whole_source():
                 assert L.FAMILY_NAMES[f] == "copy"
                 assert read == written + (tokens if name == "gather" else 4)
     assert seen == {"gather", "index_select", "index", "nll_loss_forward"}
+
+
+class Losses(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(()))
+
+    def forward(self, x, y):
+        h = x * self.w
+        return F.mse_loss(h, y) + F.binary_cross_entropy_with_logits(h, y, reduction="none").sum()
+
+
+def test_a_loss_reduced_to_a_scalar_is_a_reduction():
+    """A mean-reduced loss reads two tensors and writes one number: a
+    reduction kernel, not an elementwise one (whose measured kernels read
+    one or two elements a write); unreduced, it stays a loss row."""
+    g = predictor.trace(Losses(), (torch.randn(64, 4096), torch.rand(64, 4096)), optimizer="sgd",
+                        batch_dim=None)
+    fams = {}
+    for i, f in enumerate(g.ops.family):
+        if g.ops.phase[i] == 0:
+            fams[g.ops.op_names[g.ops.op[i]]] = L.FAMILY_NAMES[f]
+    assert fams["mse_loss"] == "reduction"
+    assert fams["binary_cross_entropy_with_logits"] == "loss"
