@@ -103,12 +103,18 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"| {r['gpu']} | {r['precision']} | {r['published'] / 1e6:.2f}M | "
               f"{r['predicted'] / 1e6:.2f}M | {r['error_pct']:+.1f} % | {r['step_ms']:.1f} |")
+    print_summary(rows, args.breakdown)
+    return 0
+
+
+def print_summary(rows: list[dict], breakdown: bool) -> None:
+    """The mean |error| of `rows`, and with `breakdown` each row's time by
+    op family (the published-throughput harnesses' closing lines)."""
     print(f"\nmean |error| {np.mean([abs(r['error_pct']) for r in rows]):.1f} % "
           f"over {len(rows)} figures")
-    if args.breakdown:
+    if breakdown:
         for r in rows:
             print(f"\n{r['gpu']} {r['precision']}:\n{r['by_family'].round(2).to_string()}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from benchmarks.gnmt_published import speedups
+from benchmarks.ncf_published import print_summary
+
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/Transformer/README.md (commit "
           "d666f14), 'Training performance results', 1 GPU, pytorch-22.06-py3 NGC container")
 VOCAB, D_MODEL, HEADS, FFN, LAYERS = 33_712, 1024, 16, 4096, 6
@@ -194,18 +197,6 @@ def predict_rows(lengths=LENGTHS) -> list[dict]:
     return out
 
 
-def speedups(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """(GPU, published, predicted) mixed-precision speedup over fp32 or TF32."""
-    by = {(r["gpu"], r["precision"]): r for r in rows}
-    out = []
-    for gpu in dict.fromkeys(r["gpu"] for r in rows):
-        base = by.get((gpu, "fp32")) or by.get((gpu, "tf32"))
-        if (gpu, "amp") in by and base is not None:
-            out.append((gpu, by[(gpu, "amp")]["published"] / base["published"],
-                        by[(gpu, "amp")]["predicted"] / base["predicted"]))
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -222,13 +213,10 @@ def main(argv=None) -> int:
         lens = " | ".join(f"{r[f'L{s}']:,.0f}" for s in LENGTHS)
         print(f"| {r['gpu']} | {r['precision']} | {r['max_tokens']:,} | {r['published']:,} | "
               f"{lens} | {r['predicted']:,.0f} | {r['error_pct']:+.1f} % |")
-    print(f"\nmean |error| {np.mean([abs(r['error_pct']) for r in rows]):.1f} % "
-          f"over {len(rows)} figures")
+    print()
     for gpu, pub, pred in speedups(rows):
         print(f"{gpu}: mixed-precision speedup published {pub:.2f}x, predicted {pred:.2f}x")
-    if args.breakdown:
-        for r in rows:
-            print(f"\n{r['gpu']} {r['precision']}:\n{r['by_family'].round(2).to_string()}")
+    print_summary(rows, args.breakdown)
     return 0
 
 
