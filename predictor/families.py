@@ -747,12 +747,14 @@ def _rng(*args, out=None, **kwargs) -> list[Row]:
 
 
 def _loss(*args, out=None, **kwargs) -> list[Row]:
-    # A loss reduced to a scalar (or per-sample values: written well under a
-    # quarter of what it reads) is a reduction kernel, priced as every sum
-    # and mean is; the elementwise network only saw kernels that read one or
-    # two elements a write.
+    # A loss reduced to a scalar (a mean or a sum: 0-d outputs, whatever the
+    # batch) is a reduction kernel, priced as every sum and mean is; the
+    # elementwise network only saw kernels that read one or two elements a
+    # write.
     (family, dims, kernels), = generic_memory(L.LOSS, args, kwargs, out, flops_per_elem=2)
-    if 4 * dims[1] < dims[0]:
+    outs = tensors(out)
+    if outs and all(len(t.shape) == 0 for t in outs) and \
+            any(len(t.shape) > 0 for t in tensors(args)):
         family = L.REDUCTION
     return [(family, dims, kernels)]
 

@@ -327,12 +327,13 @@ class Losses(nn.Module):
 def test_a_loss_reduced_to_a_scalar_is_a_reduction():
     """A mean-reduced loss reads two tensors and writes one number: a
     reduction kernel, not an elementwise one (whose measured kernels read
-    one or two elements a write); unreduced, it stays a loss row."""
-    g = predictor.trace(Losses(), (torch.randn(64, 4096), torch.rand(64, 4096)), optimizer="sgd",
-                        batch_dim=None)
+    one or two elements a write), at every batch size; unreduced, it stays
+    a loss row."""
+    g = predictor.trace(Losses(), (torch.randn(64, 4096), torch.rand(64, 4096)), optimizer="sgd")
     fams = {}
     for i, f in enumerate(g.ops.family):
         if g.ops.phase[i] == 0:
             fams[g.ops.op_names[g.ops.op[i]]] = L.FAMILY_NAMES[f]
     assert fams["mse_loss"] == "reduction"
     assert fams["binary_cross_entropy_with_logits"] == "loss"
+    assert g.batch_scalable
