@@ -266,7 +266,7 @@ def test_resampling_padding_and_bag_ops_have_families():
     assert fams.get("_embedding_bag") == "embedding"
     assert any(v == "embedding_bwd" for k, v in fams.items() if "embedding_bag" in k), fams
     assert fams.get("max_unpool2d") == "pool"
-    assert fams.get("soft_margin_loss") == "loss"
+    assert fams.get("soft_margin_loss") == "reduction"  # a mean: 0-d output
     for op in ("reflection_pad2d", "replication_pad2d_backward", "upsample_bicubic2d_backward",
                "upsample_nearest2d_backward", "grid_sampler_2d_backward", "pixel_unshuffle"):
         assert fams.get(op) == "copy", (op, fams.get(op))
