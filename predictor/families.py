@@ -892,6 +892,8 @@ register(aten.upsample_nearest1d, aten.upsample_nearest3d, aten.upsample_linear1
          aten.as_strided_scatter, aten.unfold_backward, aten.pixel_shuffle,
          aten.pixel_unshuffle, aten.channel_shuffle, aten.native_channel_shuffle, aten.rot90,
          aten.repeat_interleave, aten.tril_, aten.triu_)(_copy)
+
+
 @register(aten.gather, aten.index_select, aten.index, aten._unsafe_index, aten.take)
 def _gather(src: TensorMeta, *rest, out=None, **kwargs) -> list[Row]:
     """A gather reads, for each output element, one element of the source
@@ -899,14 +901,10 @@ def _gather(src: TensorMeta, *rest, out=None, **kwargs) -> list[Row]:
     whole, the gather of each token's target log-probability from a
     [tokens, vocab] tensor was a pass over all of it (1.2 ms on an A100 for
     a 10,240 x 33,712 one, where the kernel touches 10,240 elements)."""
-    outs = tensors(out)
-    unit = row_unit((src,) + rest, out)
-    written = sum(elems_in(t, unit) for t in outs)
+    (family, (_, written, flops, inner, outer), kernels), = \
+        generic_memory(L.COPY, (src,) + rest, kwargs, out)
     read = written + sum(t.numel for t in tensors(rest) + tensors(kwargs))
-    ref = outs[0] if outs else src
-    inner = ref.shape[-1] if ref.shape else 1
-    n = max(ref.numel, 1)
-    return [memory_row(L.COPY, read, written, 0, inner, n // max(inner, 1))]
+    return [(family, (read, written, flops, inner, outer), kernels)]
 
 
 # Scans read and write every element once: memory-bound like a copy.

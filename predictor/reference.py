@@ -340,8 +340,9 @@ def forward_equivalent(family: int, d):
     same rows, whose features price it, and a row that writes more than
     twice what it reads as the contiguous copy that moves its bytes (see
     kernels.features)."""
-    if group_of(family) == features.G_ELEMENTWISE and 2 * int(d[L.MEM_READ]) < int(d[L.MEM_WRITTEN]):
-        m = max((int(d[L.MEM_READ]) + int(d[L.MEM_WRITTEN]) + 1) // 2, 1)
+    read, written = int(d[L.MEM_READ]), int(d[L.MEM_WRITTEN])
+    if group_of(family) == features.G_ELEMENTWISE and 2 * read < written:
+        m = max((read + written + 1) // 2, 1)
         f = np.zeros_like(np.asarray(d))
         f[L.MEM_READ], f[L.MEM_WRITTEN], f[L.MEM_INNER], f[L.MEM_OUTER] = m, m, m, 1
         return L.COPY, f
