@@ -357,14 +357,14 @@ def fit_group(group: int, x: np.ndarray, ideal: np.ndarray, target_us: np.ndarra
         if progress is not None:
             progress()
     lin = [m for m in net if isinstance(m, torch.nn.Linear)]
-    # An input at its training mean (0 once normalised) in every row the loss saw never
-    # moved its first-layer weights off their random start: they shaped no
-    # fitted time, yet a row that differs there at prediction would be priced
-    # through them (the conv data holds only 3x3 stride-1 kernels, so a 1x1
-    # or strided convolution's kernel-size and stride inputs met random
-    # weights: ResNet-50's convolutions 3-6 % off by chance). Zeroed, the
-    # network answers every training row exactly as fitted and ignores what
-    # its data never varied.
+    # An input at its training mean (0 once normalised) in every row the
+    # loss saw never moved its first-layer weights off their random start:
+    # they shaped no fitted time, yet a row that differs there at prediction
+    # would be priced through them (the conv data holds only 3x3 stride-1
+    # kernels, so a 1x1 or strided convolution's kernel-size and stride
+    # inputs met random weights: ResNet-50's convolutions 3-6 % off by
+    # chance). Zeroed, the network answers every training row exactly as
+    # fitted and ignores what its data never varied.
     seen = [xt, *(v[0] for v in better)]
     if x_more is not None:
         seen.append(xm)
