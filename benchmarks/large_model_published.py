@@ -46,9 +46,9 @@ A100_SRC = ("pytorch/torchtitan docs/performance.md at 0413364 (64 A100 80GB, FS
 
 # model, seq, GPUs, local batch, published AC, published tokens/s/GPU, GiB/GPU, GPU, source
 PUBLISHED = [
-    ("llama3-8b", 8192, 8, 2, "selective op", 5762.0, 82.4, "H100-SXM5-80GB",
+    ("llama3-8b", 8192, 8, 2, "selective op", 5762.0, 82.4, "H100-SXM5-80GB@500W",
      H100_SRC + ", Table 1 (FSDP, no torch.compile)"),
-    ("llama3-8b", 8192, 128, 2, "selective op", 5605.0, 67.0, "H100-SXM5-80GB",
+    ("llama3-8b", 8192, 128, 2, "selective op", 5605.0, 67.0, "H100-SXM5-80GB@500W",
      H100_SRC + ", Table 3 (FSDP, no torch.compile)"),
     ("llama3-8b", 8192, 64, 1, "selective layer", 2904.0, None, "A100-SXM4-80GB", A100_SRC),
     ("llama3-8b", 8192, 64, 1, "selective op", 2973.0, None, "A100-SXM4-80GB", A100_SRC),

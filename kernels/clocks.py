@@ -117,3 +117,30 @@ def with_board_clock(mlp, group, eta, family, dtype_code, d, gpu, params):
     t_c, t_m = roofline_us(family, dtype_code, d, gpu, params)
     share = 1.0 if t_c >= t_m else (t_c / t_m if t_m > 0.0 else 1.0)
     return min(eta * (1.0 + (m - 1.0) * share), mlp[1 + HEADER * group + 4])
+
+
+def power_limit_share(mlp, gpu, watts: float) -> float:
+    """The clock a board sustains under a power limit of `watts`, over the
+    clock it sustains at its rated power (gpu[L.G_TDP_W]): what its compute
+    throughput is multiplied by when the limit is set (`nvidia-smi -pl`,
+    ``predictor.hardware.power_limited``). Where the weights hold a record
+    of its chip, both clocks come from ``sustained_clock`` on that record,
+    so a board that holds its boost clock with power to spare (an A100 SXM4
+    at 400 W) loses less than the cube root; elsewhere the board is taken
+    to run at its power edge at its rated power, and its clock falls as the
+    cube root of the power (the module docstring's f^3 law). Plain Python:
+    called once per GPU, not per row."""
+    rated, sms, b = float(gpu[L.G_TDP_W]), float(gpu[L.G_SMS]), float(gpu[L.G_CLOCK_MHZ])
+    cube = min(1.0, (watts / rated) ** POWER_EXPONENT)
+    if mlp.shape[0] == 0 or gpu[L.G_CHIP] == 0.0 or sms <= 0.0 or b <= 0.0:
+        return cube
+    ref = group_aux(mlp, G_MATMUL)
+    r = _record(ref, gpu[L.G_CHIP])
+    if r < 0:
+        return cube
+    w_r, b_r, c_r = ref[r + 1], ref[r + 2], ref[r + 3]
+    if not (w_r > 0.0 and b_r > 0.0 and c_r > 0.0):
+        return cube
+    f_r = c_r * b_r
+    return float(sustained_clock(b, watts / sms, f_r, w_r)
+                 / sustained_clock(b, rated / sms, f_r, w_r))

@@ -347,6 +347,9 @@ class GPUDatabase:
     def get(self, name: str | GPU) -> GPU:
         if isinstance(name, GPU):
             return name
+        limited = _POWER_LIMIT.match(str(name).strip())
+        if limited:
+            return power_limited(self.get(limited["name"]), float(limited["watts"]))
         gid = self._index.get(_normalise(name))
         if gid is None:
             close = difflib.get_close_matches(_normalise(name), list(self._index), n=8, cutoff=0.4)
@@ -402,6 +405,51 @@ def _with_twin_fractions(gpus: list[GPU], pool: Iterable[GPU]) -> list[GPU]:
         row[L.G_TC_FRACTION] = o[L.G_TC_FRACTION] * sustained / f[L.G_CLOCK_MHZ]
         out.append(GPU(id=g.id, name=g.name, vendor=g.vendor, features=row, spec=g.spec))
     return out
+
+
+# The lowest power limit taken, as a share of the board's rated power: below
+# it the cube-root clock law is far outside what was checked, and drivers
+# refuse limits that low (an H100 SXM's floor is 200 of its 700 W).
+POWER_LIMIT_MIN_SHARE = 0.25
+# "GPU@300W": a GPU id or alias at a power limit (watts).
+_POWER_LIMIT = re.compile(r"^(?P<name>.*?\S)\s*@\s*(?P<watts>[0-9]+(?:\.[0-9]*)?)\s*w$",
+                          re.IGNORECASE)
+
+
+def power_limited(gpu: GPU, watts: float) -> GPU:
+    """`gpu` run under a power limit of `watts` (``nvidia-smi -pl``, or a
+    cluster's cap): id ``<id>@<watts>W``. Its compute peaks (fp32, fp64 and
+    the tensor-core rates) are scaled by the clock the limit leaves it
+    (``kernels.clocks.power_limit_share``: the cube root of the power, or the
+    chip's measured clock record where the op models have one); its memory
+    bandwidth, SM count and everything else stay, since DRAM does not run on
+    the SM clock. Limits from a quarter of the rated power up to the rated
+    power are taken; above it the clock a board would sustain is not known."""
+    from predictor import opmodel  # (lazy: the weights load on first use)
+    from predictor.kernels.clocks import power_limit_share
+
+    rated = float(gpu.features[L.G_TDP_W])
+    if not (isinstance(watts, (int, float)) and not isinstance(watts, bool)
+            and math.isfinite(watts)):
+        raise InvalidArgumentError(f"power limit must be a number of watts, got {watts!r}")
+    if rated <= 0:
+        raise InvalidArgumentError(f"{gpu.id} has no rated board power to limit")
+    lo = POWER_LIMIT_MIN_SHARE * rated
+    if not lo <= watts <= rated:
+        raise InvalidArgumentError(
+            f"power limit {watts:g} W for {gpu.id} is outside {lo:g}-{rated:g} W (a quarter of "
+            f"its rated {rated:g} W up to the rated power)")
+    if watts == rated:
+        return gpu
+    share = power_limit_share(opmodel.weights(), gpu.features, float(watts))
+    row = gpu.features.copy()
+    for col in (L.G_FP32_TFLOPS, L.G_TF32_TFLOPS, L.G_FP16_TFLOPS, L.G_BF16_TFLOPS,
+                L.G_FP64_TFLOPS, L.G_FP8_TFLOPS):
+        row[col] *= share
+    spec = dict(gpu.spec, power_limit_w=float(watts), power_limit_clock_share=share)
+    spec.pop("aliases", None)
+    return GPU(id=f"{gpu.id}@{watts:g}W", name=f"{gpu.name} at {watts:g} W", vendor=gpu.vendor,
+               features=row, spec=spec)
 
 
 @functools.lru_cache(maxsize=1)

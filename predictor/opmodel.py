@@ -203,7 +203,8 @@ def unmeasured_shape_notes(graph, batch_size: int | None = None) -> list[str]:
             "than predicted (README, 'How accurate')"]
 
 
-def predict_rows(family: np.ndarray, dims: np.ndarray, gpus: Sequence[str] | str,
+def predict_rows(family: np.ndarray, dims: np.ndarray,
+                 gpus: Sequence[str | hardware.GPU] | str | hardware.GPU,
                  dtype: np.ndarray | None = None, *, mlp: np.ndarray | None = None,
                  params: np.ndarray | None = None,
                  kernels: np.ndarray | None = None) -> np.ndarray:
@@ -214,7 +215,7 @@ def predict_rows(family: np.ndarray, dims: np.ndarray, gpus: Sequence[str] | str
     no such floor, a launch cost per kernel."""
     family = np.ascontiguousarray(family, dtype=np.int64)
     dims = np.ascontiguousarray(dims, dtype=np.int64)
-    if isinstance(gpus, str):
+    if isinstance(gpus, (str, hardware.GPU)):
         gpus = [gpus] * len(family)
     ids = list(dict.fromkeys(gpus))
     db = hardware.database()
