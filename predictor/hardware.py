@@ -416,6 +416,11 @@ _POWER_LIMIT = re.compile(r"^(?P<name>.*?\S)\s*@\s*(?P<watts>[0-9]+(?:\.[0-9]*)?
                           re.IGNORECASE)
 
 
+def has_power_limit(name) -> bool:
+    """Whether a GPU name carries a power limit ("T4@50W")."""
+    return isinstance(name, str) and _POWER_LIMIT.match(name.strip()) is not None
+
+
 def power_limited(gpu: GPU, watts: float) -> GPU:
     """`gpu` run under a power limit of `watts` (``nvidia-smi -pl``, or a
     cluster's cap): id ``<id>@<watts>W``. Its compute peaks (fp32, fp64 and
@@ -448,6 +453,10 @@ def power_limited(gpu: GPU, watts: float) -> GPU:
         row[col] *= share
     spec = dict(gpu.spec, power_limit_w=float(watts), power_limit_clock_share=share)
     spec.pop("aliases", None)
+    for key in ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "fp64_tflops",
+                "fp8_tflops", "fp32_matrix_tflops"):  # as listed by `gpus()`
+        if isinstance(spec.get(key), (int, float)) and not isinstance(spec[key], bool):
+            spec[key] = spec[key] * share
     return GPU(id=f"{gpu.id}@{watts:g}W", name=f"{gpu.name} at {watts:g} W", vendor=gpu.vendor,
                features=row, spec=spec)
 
@@ -518,14 +527,15 @@ def float8_gpus(chosen: list[GPU], asked, warn: bool = False) -> list[GPU]:
         "or use amp='bf16'")
 
 
-def gpus(vendor: str | None = None):
+def gpus(vendor: str | None = None, extra: Iterable[GPU] = ()):
     """All known GPUs as a pandas DataFrame (one row per GPU, as PyTorch sees
     one device: a multi-die package's figures divided by its dies), with the
-    price on each basis, its date and whether it is an estimate."""
+    price on each basis, its date and whether it is an estimate; `extra`
+    (e.g. boards under a power limit, `power_limited`) after them."""
     import pandas as pd
 
     rows = []
-    for g in database():
+    for g in [*database(), *extra]:
         if vendor and g.vendor != vendor:
             continue
         s = g.spec

@@ -100,3 +100,13 @@ def test_the_cli_takes_a_limited_gpu_in_every_format(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "outside 17.5-70 W" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_gpus_lists_a_limited_board_with_its_scaled_peaks(capsys):
+    assert cli.main(["gpus", "T4", "T4@50W", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"T4", "T4@50W"}
+    share = hardware.get("T4@50W").spec["power_limit_clock_share"]
+    assert rows["T4@50W"]["fp32_tflops"] == pytest.approx(rows["T4"]["fp32_tflops"] * share)
+    assert rows["T4@50W"]["memory_bw_gbs"] == rows["T4"]["memory_bw_gbs"]
+    assert rows["T4@50W"]["chip_in_training_data"]

@@ -64,13 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from predictor import expected_error, hardware, opmodel
 
     load_specs(args.spec)
-    df = hardware.gpus()
+    # Boards under a power limit ("T4@50W") are listed as derived.
+    limited = [hardware.get(n) for n in args.names if hardware.has_power_limit(n)]
+    df = hardware.gpus(extra=limited)
     if args.names:
         df = df[df["id"].isin(matching(list(df["id"]), args.names))] \
             .reset_index(drop=True)
     # Whether the op models were trained on kernels measured on the GPU's chip
     # (else it is predicted from its spec sheet alone).
-    outside = set(opmodel.outside_training_data(list(hardware.database())))
+    outside = set(opmodel.outside_training_data([*hardware.database(), *limited]))
     df["chip_in_training_data"] = [gid not in outside for gid in df["id"]]
     # The band an fp32 prediction on the GPU quotes (predictor.expected_error).
     df["fp32_error_p90_pct"] = [
