@@ -80,11 +80,18 @@ def sustained_clock(b, w, f_r, w_r):
 @njit(cache=True)
 def clock_ratio(mlp, group, gpu):
     """m: the board's sustained over rated clock against that of the board the
-    group's kernels of its chip came from; 1 where the weights hold no record
-    for its chip, the group is not a GEMM or convolution group, or a field is
-    missing."""
+    group's kernels of its chip came from (1 where the weights hold no record
+    for its chip or a field is missing), times what a power limit leaves of
+    its clock (`power_limit_share`); 1 for a group that is not a GEMM or
+    convolution group."""
     if group != G_MATMUL and group != G_BMM and group != G_CONV:
         return 1.0
+    return board_ratio(mlp, group, gpu) * power_limit_share(mlp, gpu)
+
+
+@njit(cache=True)
+def board_ratio(mlp, group, gpu):
+    """`clock_ratio` at the board's rated power."""
     chip = gpu[L.G_CHIP]
     if chip == 0.0 or mlp.shape[0] == 0:
         return 1.0
@@ -119,20 +126,25 @@ def with_board_clock(mlp, group, eta, family, dtype_code, d, gpu, params):
     return min(eta * (1.0 + (m - 1.0) * share), mlp[1 + HEADER * group + 4])
 
 
-def power_limit_share(mlp, gpu, watts: float) -> float:
-    """The clock a board sustains under a power limit of `watts`, over the
-    clock it sustains at its rated power (gpu[L.G_TDP_W]): what its compute
-    throughput is multiplied by when the limit is set (`nvidia-smi -pl`,
-    ``predictor.hardware.power_limited``). Where the weights hold a record
-    of its chip, both clocks come from ``sustained_clock`` on that record,
-    so a board that holds its boost clock with power to spare (an A100 SXM4
-    at 400 W) loses less than the cube root; elsewhere the board is taken
-    to run at its power edge at its rated power, and its clock falls as the
-    cube root of the power (the module docstring's f^3 law). Plain Python:
-    called once per GPU, not per row."""
-    rated, sms, b = float(gpu[L.G_TDP_W]), float(gpu[L.G_SMS]), float(gpu[L.G_CLOCK_MHZ])
-    cube = min(1.0, (watts / rated) ** POWER_EXPONENT)
-    if mlp.shape[0] == 0 or gpu[L.G_CHIP] == 0.0 or sms <= 0.0 or b <= 0.0:
+@njit(cache=True)
+def power_limit_share(mlp, gpu):
+    """The clock a board sustains under its power limit (G_POWER_LIMIT_W),
+    over the clock it sustains at its rated power (G_TDP_W): what its compute
+    throughput is multiplied by (1 without a limit, or with one at or above
+    the rated power). Where the weights hold a record of its chip (the matmul
+    group's), both clocks come from ``sustained_clock`` on that record, so a
+    board that holds its boost clock with power to spare (an A100 SXM4 at
+    400 W) loses less than the cube root: at 300 W it runs the clock of the
+    300 W A100 PCIe 80GB. Elsewhere the board is taken to run at its power
+    edge at its rated power, and its clock falls as the cube root of the
+    power (the module docstring's f^3 law)."""
+    limit = gpu[L.G_POWER_LIMIT_W] if gpu.shape[0] > L.G_POWER_LIMIT_W else 0.0
+    rated = gpu[L.G_TDP_W]
+    if not (limit > 0.0 and rated > 0.0 and limit < rated):
+        return 1.0
+    cube = (limit / rated) ** POWER_EXPONENT
+    sms, b = gpu[L.G_SMS], gpu[L.G_CLOCK_MHZ]
+    if gpu[L.G_CHIP] == 0.0 or mlp.shape[0] == 0 or sms <= 0.0 or b <= 0.0:
         return cube
     ref = group_aux(mlp, G_MATMUL)
     r = _record(ref, gpu[L.G_CHIP])
@@ -142,5 +154,4 @@ def power_limit_share(mlp, gpu, watts: float) -> float:
     if not (w_r > 0.0 and b_r > 0.0 and c_r > 0.0):
         return cube
     f_r = c_r * b_r
-    return float(sustained_clock(b, watts / sms, f_r, w_r)
-                 / sustained_clock(b, rated / sms, f_r, w_r))
+    return sustained_clock(b, limit / sms, f_r, w_r) / sustained_clock(b, rated / sms, f_r, w_r)

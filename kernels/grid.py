@@ -37,7 +37,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
 from predictor.kernels.optime import op_time_us
-from predictor.kernels.clocks import with_board_clock
+from predictor.kernels.clocks import power_limit_share, with_board_clock
 from predictor.kernels.precision import is_layout_transpose, rewrites
 from predictor.kernels.roofline import P_LAUNCH_US, generic_kernel_us, runs_generic_kernel
 from predictor.kernels.work import dims_at
@@ -137,7 +137,7 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
                 e = with_board_clock(mlp, G_MATMUL, e, fam, dt, one, gpus[g], params)
                 t = max(t, learned_us(fam, dt, one, gpus[g], params, e))
             if runs_generic_kernel(fam):
-                t = generic_kernel_us(fam, d, gpus[g], t)
+                t = generic_kernel_us(fam, d, gpus[g], t, power_limit_share(mlp, gpus[g]))
             t += kern * params[P_LAUNCH_US]
             if scaled:
                 t = cal_us[i] * t / t0[i]

@@ -164,7 +164,12 @@ G_CC_MAJOR = 19
 # beside the FP32 one. 0 for Volta and later, AMD, a CPU, and a row without
 # the column. The softmax and layer-norm networks read it (kernels.features).
 G_PRE_VOLTA = 20
-N_GPU_FEATURES = 21
+# The power limit the board runs under, watts (`nvidia-smi -pl`; set by
+# predictor.hardware.power_limited for a name such as "H100-SXM5-80GB@500W");
+# 0: none, the board at its rated power (G_TDP_W). The SM clock falls under a
+# limit, and compute with it (kernels.clocks.power_limit_share).
+G_POWER_LIMIT_W = 21
+N_GPU_FEATURES = 22
 
 # ---- basis of a per-op time ----------------------------------------------------
 BASIS_ANALYTICAL = 0

@@ -25,7 +25,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
                                         learned_time_us, serving_group)
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
-from predictor.kernels.clocks import with_board_clock
+from predictor.kernels.clocks import power_limit_share, with_board_clock
 from predictor.kernels.recurrent import MAX_KERNELS, is_recurrent, lstm_kernels
 from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL,
                                        generic_kernel_us, per_channel_batch_norm_us,
@@ -124,7 +124,8 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
         t = per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
     elif runs_generic_kernel(family) and t > 0.0:
         launches = kernels * params[P_LAUNCH_US]
-        t = generic_kernel_us(family, d, gpu, t - launches) + launches
+        t = generic_kernel_us(family, d, gpu, t - launches,
+                              power_limit_share(mlp, gpu)) + launches
     return t
 
 
@@ -141,7 +142,7 @@ def _row_us(family, dtype_code, kernels, d, gpu, params, mlp):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
     if mode == precision.TENSOR_CORE:
-        return precision.tensor_core_us(family, dtype_code, kernels, d, gpu, params)
+        return precision.tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp)
     if mode == precision.AS_FP32:
         d32 = np.empty_like(d)
         precision.fp32_dims(family, dtype_code, d, d32)
@@ -164,7 +165,8 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
         t = per_channel_batch_norm_us(family, dtype_code, d, gpu, t - params[P_LAUNCH_US]) \
             + params[P_LAUNCH_US]
     elif runs_generic_kernel(family) and t > 0.0:
-        t = generic_kernel_us(family, d, gpu, t - params[P_LAUNCH_US]) + params[P_LAUNCH_US]
+        t = generic_kernel_us(family, d, gpu, t - params[P_LAUNCH_US],
+                              power_limit_share(mlp, gpu)) + params[P_LAUNCH_US]
     return t
 
 
@@ -176,7 +178,7 @@ def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
     if mode == precision.TENSOR_CORE:
-        return precision.tensor_core_us(family, dtype_code, 1, d, gpu, params)
+        return precision.tensor_core_us(family, dtype_code, 1, d, gpu, params, mlp)
     if mode == precision.AS_FP32:
         d32 = np.empty_like(d)
         precision.fp32_dims(family, dtype_code, d, d32)

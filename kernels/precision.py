@@ -71,6 +71,7 @@ import math
 from numba import njit
 
 from predictor.kernels import layout as L
+from predictor.kernels.clocks import power_limit_share
 from predictor.kernels.roofline import (P_ETA_M, P_LAUNCH_US, P_TF32_MATMUL, SPLIT_K_MIN,
                                        column_or)
 from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes
@@ -326,8 +327,10 @@ def tf32_operand_copies_us(family, dtype_code, d, gpu, params):
 
 
 @njit(cache=True)
-def tensor_core_us(family, dtype_code, kernels, d, gpu, params):
-    """Time of one execution of a tensor-core row (us)."""
+def tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp):
+    """Time of one execution of a tensor-core row (us); under a power limit
+    at the clock it leaves (`mlp`: the weights whose clock records say it,
+    kernels.clocks.power_limit_share)."""
     peak = tensor_core_peak(family, dtype_code, gpu, params)
     bt, m, n, k = gemm_shape(family, d)
     launch = kernels * params[P_LAUNCH_US]
@@ -341,7 +344,8 @@ def tensor_core_us(family, dtype_code, kernels, d, gpu, params):
     # multiply-adds than it does (predictor.kernels.work): scale to the op's own.
     gemm_flops = 2.0 * bt * m * n * k
     ratio = min(flops / gemm_flops, 1.0) if gemm_flops > 0.0 else 1.0
-    eff = tc_fraction(gpu) * (FP8_FRACTION_RATIO if dtype_code == L.F8 else 1.0)
+    eff = tc_fraction(gpu) * (FP8_FRACTION_RATIO if dtype_code == L.F8 else 1.0) \
+        * power_limit_share(mlp, gpu)
     if not aligned(family, dtype_code, d):
         eff /= UNALIGNED_SLOWDOWN
     # One tile's time per reduction element on one SM, and the time to write

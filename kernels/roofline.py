@@ -278,12 +278,14 @@ def runs_generic_kernel(family):
 
 
 @njit(cache=True)
-def generic_kernel_us(family, d, gpu, t_stream):
+def generic_kernel_us(family, d, gpu, t_stream, clock_share):
     """A copy, elementwise or pooling row's time without its launches, given
     `t_stream`, its time at the bandwidth its bytes get: where PyTorch runs it
     with a non-vectorised kernel (dims[MEM_GENERIC]), never faster than its
     elements at that kernel's rate per SM clock (a max pool's backward: its
-    window elements' bytes at the DRAM bandwidth). Unchanged: every other
+    window elements' bytes at the DRAM bandwidth), the clock being the boost
+    clock times `clock_share` (what a power limit leaves of it: kernels.
+    clocks.power_limit_share; 1 without one). Unchanged: every other
     row, and devices other than NVIDIA GPUs (no compute capability), whose
     kernels the measurements above do not describe."""
     if not runs_generic_kernel(family) or d.shape[0] <= L.MEM_GENERIC:
@@ -297,7 +299,7 @@ def generic_kernel_us(family, d, gpu, t_stream):
         window = max(d[L.MEM_WINDOW_ELEMS], 1.0)
         if family == L.POOL:
             t_walk = window / (MAX_POOL_FWD_WINDOW_ELEMS_PER_SM_CLOCK * gpu[L.G_SMS]
-                               * gpu[L.G_CLOCK_MHZ])
+                               * gpu[L.G_CLOCK_MHZ] * clock_share)
         else:  # GB/s x 1e3 = bytes per us
             t_walk = window * MAX_POOL_BWD_BYTES_PER_WINDOW_ELEM / (gpu[L.G_MEM_BW_GBS] * 1e3)
         return max(t_stream, t_walk)
@@ -307,7 +309,7 @@ def generic_kernel_us(family, d, gpu, t_stream):
     elif kind == L.CAST_BINARY:
         rate = CAST_BINARY_ELEMS_PER_SM_CLOCK
     elems = max(d[L.MEM_INNER], 1.0) * max(d[L.MEM_OUTER], 1.0)
-    t_elems = elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ])  # MHz: elements per us
+    t_elems = elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ] * clock_share)  # MHz: per us
     return max(t_stream, t_elems)
 
 

@@ -17,6 +17,7 @@ from predictor import memory as memmodel
 from predictor.errors import InvalidArgumentError, NotApplicableWarning
 from predictor.kernels import layout as L
 from predictor.kernels import precision
+from predictor.kernels.clocks import power_limit_share
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows, recurrent_params
 from predictor.kernels.recurrent import is_recurrent
@@ -91,8 +92,9 @@ def _element_bound(ops, batch: int, gpu: np.ndarray, per_op_us: np.ndarray,
     if d.shape[1] <= L.MEM_GENERIC:
         return out
     generic = np.isin(ops.family, GENERIC_KERNEL_FAMILIES)
+    share = power_limit_share(_mlp(), gpu)
     for i in np.nonzero(generic & (d[:, L.MEM_GENERIC] > 0))[0]:
-        bound = generic_kernel_us(ops.family[i], d[i], gpu, 0.0)
+        bound = generic_kernel_us(ops.family[i], d[i], gpu, 0.0, share)
         if bound > 0.0:
             launches = ops.kernels[i] * params[P_LAUNCH_US]
             out[i] = per_op_us[i] <= (bound + launches) * (1.0 + 1e-9)

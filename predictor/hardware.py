@@ -423,16 +423,14 @@ def has_power_limit(name) -> bool:
 
 def power_limited(gpu: GPU, watts: float) -> GPU:
     """`gpu` run under a power limit of `watts` (``nvidia-smi -pl``, or a
-    cluster's cap): id ``<id>@<watts>W``. Its compute peaks (fp32, fp64 and
-    the tensor-core rates) are scaled by the clock the limit leaves it
-    (``kernels.clocks.power_limit_share``: the cube root of the power, or the
-    chip's measured clock record where the op models have one); its memory
-    bandwidth, SM count and everything else stay, since DRAM does not run on
-    the SM clock. Limits from a quarter of the rated power up to the rated
-    power are taken; above it the clock a board would sustain is not known."""
-    from predictor import opmodel  # (lazy: the weights load on first use)
-    from predictor.kernels.clocks import power_limit_share
-
+    cluster's cap): id ``<id>@<watts>W``, its row's G_POWER_LIMIT_W set. The
+    SM clock falls under the limit, and its compute throughput with it
+    (fp32 GEMMs and convolutions, tensor cores; kernels.clocks.
+    power_limit_share: the cube root of the power, or the chip's measured
+    clock record where the op models have one); memory bandwidth and
+    memory-bound kernels stay, since DRAM does not run on the SM clock. Limits
+    from a quarter of the rated power up to the rated power are taken; above
+    it the clock a board would sustain is not known."""
     rated = float(gpu.features[L.G_TDP_W])
     if not (isinstance(watts, (int, float)) and not isinstance(watts, bool)
             and math.isfinite(watts)):
@@ -446,17 +444,10 @@ def power_limited(gpu: GPU, watts: float) -> GPU:
             f"its rated {rated:g} W up to the rated power)")
     if watts == rated:
         return gpu
-    share = power_limit_share(opmodel.weights(), gpu.features, float(watts))
     row = gpu.features.copy()
-    for col in (L.G_FP32_TFLOPS, L.G_TF32_TFLOPS, L.G_FP16_TFLOPS, L.G_BF16_TFLOPS,
-                L.G_FP64_TFLOPS, L.G_FP8_TFLOPS):
-        row[col] *= share
-    spec = dict(gpu.spec, power_limit_w=float(watts), power_limit_clock_share=share)
+    row[L.G_POWER_LIMIT_W] = watts
+    spec = dict(gpu.spec, power_limit_w=float(watts))
     spec.pop("aliases", None)
-    for key in ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "fp64_tflops",
-                "fp8_tflops", "fp32_matrix_tflops"):  # as listed by `gpus()`
-        if isinstance(spec.get(key), (int, float)) and not isinstance(spec[key], bool):
-            spec[key] = spec[key] * share
     return GPU(id=f"{gpu.id}@{watts:g}W", name=f"{gpu.name} at {watts:g} W", vendor=gpu.vendor,
                features=row, spec=spec)
 
@@ -555,6 +546,8 @@ def gpus(vendor: str | None = None, extra: Iterable[GPU] = ()):
             "fp16_tflops": per_device("fp16_tflops"), "bf16_tflops": per_device("bf16_tflops"),
             # None: no float8 tensor cores (amp="fp8" is refused there).
             "fp8_tflops": per_device("fp8_tflops") if has_float8(g) else None,
+            # None: the board at its rated power (power_limited).
+            "power_limit_w": s.get("power_limit_w"),
         }
         for basis, (prefix, _) in PRICE_BASES.items():
             p = g.price(basis)

@@ -495,10 +495,34 @@ def _board_record(aux, chip: float):
     return None
 
 
+def power_limit_share(mlp, gpu) -> float:
+    """clocks.power_limit_share."""
+    limit = gpu[L.G_POWER_LIMIT_W] if len(gpu) > L.G_POWER_LIMIT_W else 0.0
+    rated = gpu[L.G_TDP_W]
+    if not (limit > 0.0 and rated > 0.0 and limit < rated):
+        return 1.0
+    cube = (limit / rated) ** (1.0 / 3.0)
+    sms, b = gpu[L.G_SMS], gpu[L.G_CLOCK_MHZ]
+    if gpu[L.G_CHIP] == 0.0 or len(mlp) == 0 or sms <= 0.0 or b <= 0.0:
+        return cube
+    ref = _board_record(group_aux(mlp, features.G_MATMUL), gpu[L.G_CHIP])
+    if ref is None or min(ref) <= 0.0:
+        return cube
+    w_r, b_r, c_r = ref
+    f_r = c_r * b_r
+    return (min(b, f_r * (limit / sms / w_r) ** (1.0 / 3.0))
+            / min(b, f_r * (rated / sms / w_r) ** (1.0 / 3.0)))
+
+
 def clock_ratio(mlp, group: int, gpu) -> float:
     """clocks.clock_ratio."""
     if group not in (features.G_MATMUL, features.G_BMM, features.G_CONV):
         return 1.0
+    return board_ratio(mlp, group, gpu) * power_limit_share(mlp, gpu)
+
+
+def board_ratio(mlp, group: int, gpu) -> float:
+    """clocks.board_ratio."""
     chip = gpu[L.G_CHIP]
     if chip == 0.0 or len(mlp) == 0:
         return 1.0
@@ -581,10 +605,11 @@ def fp32_dims(family: int, dtype_code: int, d) -> list[int]:
     return out
 
 
-def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -> float:
+def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params, mlp) -> float:
     """precision.tensor_core_us: tiles one per SM per wave, the reduction split
     into the slice count that finishes soonest, k-step, alignment, achievable
-    fraction; or the bytes against bandwidth."""
+    fraction at the clock a power limit leaves; or the bytes against
+    bandwidth."""
     peak = tensor_core_peak(family, dtype_code, gpu, params)
     bt, m, n, k = gemm_shape(family, d)
     launch = kernels * params[R.P_LAUNCH_US]
@@ -606,6 +631,7 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params) -
     eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
     if dtype_code == L.F8:
         eff *= P.FP8_FRACTION_RATIO
+    eff *= power_limit_share(mlp, gpu)
     per_k = 2.0 * P.TC_TILE_M * P.TC_TILE_N * ratio / (peak / sms * eff) * 1e6
     partial = 2.0 * P.TC_TILE_M * P.TC_TILE_N * 4.0 / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
 
@@ -663,12 +689,12 @@ def per_channel_batch_norm_us(family: int, dtype_code: int, d: Sequence[int],
 
 
 def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
-                    t_stream: float) -> float:
+                    t_stream: float, clock_share: float) -> float:
     """roofline.generic_kernel_us: a copy PyTorch runs with a non-vectorised
     kernel on an NVIDIA GPU lasts at least its elements at that kernel's rate
-    per SM clock; an NCHW max pool at least its window walk (forward: window
-    elements per SM clock; backward: bytes per window element at the DRAM
-    bandwidth)."""
+    per SM clock (the boost clock times `clock_share`); an NCHW max pool at
+    least its window walk (forward: window elements per SM clock; backward:
+    bytes per window element at the DRAM bandwidth)."""
     generic = family in R.GENERIC_KERNEL_FAMILIES and len(d) > L.MEM_GENERIC
     kind = d[L.MEM_GENERIC] if generic else 0
     nvidia = len(gpu) > L.G_CC_MAJOR and gpu[L.G_CC_MAJOR] > 0
@@ -680,7 +706,7 @@ def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
         window = max(d[L.MEM_WINDOW_ELEMS], 1)
         if family == L.POOL:
             walk = window / (R.MAX_POOL_FWD_WINDOW_ELEMS_PER_SM_CLOCK * gpu[L.G_SMS]
-                             * gpu[L.G_CLOCK_MHZ])
+                             * gpu[L.G_CLOCK_MHZ] * clock_share)
         else:
             walk = window * R.MAX_POOL_BWD_BYTES_PER_WINDOW_ELEM / (gpu[L.G_MEM_BW_GBS] * 1e3)
         return max(t_stream, walk)
@@ -688,7 +714,7 @@ def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
             L.CAST_BINARY: R.CAST_BINARY_ELEMS_PER_SM_CLOCK}.get(
                 kind, R.CAST_COPY_ELEMS_PER_SM_CLOCK)
     elems = max(d[L.MEM_INNER], 1) * max(d[L.MEM_OUTER], 1)
-    return max(t_stream, elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ]))
+    return max(t_stream, elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ] * clock_share))
 
 
 def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
@@ -706,7 +732,8 @@ def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
     if family in (L.BATCH_NORM, L.BATCH_NORM_BWD):
         return per_channel_batch_norm_us(family, dtype_code, d, gpu, t - launches) + launches
     if family in R.GENERIC_KERNEL_FAMILIES and t > 0.0:
-        return generic_kernel_us(family, d, gpu, t - launches) + launches
+        return generic_kernel_us(family, d, gpu, t - launches,
+                                 power_limit_share(mlp, gpu)) + launches
     return t
 
 
@@ -729,7 +756,7 @@ def _row_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         return 0.0
     mode = precision_mode(family, dtype_code, gpu, params)
     if mode == 1:
-        return tensor_core_us(family, dtype_code, kernels, d, gpu, params)
+        return tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp)
     if mode == 2:
         d, dtype_code = fp32_dims(family, dtype_code, d), L.F32
     group = serving_group(family, d, mlp)

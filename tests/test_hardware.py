@@ -25,7 +25,7 @@ def test_at_least_25_gpus_with_features():
     assert len(db) >= 25
     feats = db.features(list(db))
     assert feats.shape == (len(db), L.N_GPU_FEATURES)
-    flags = (L.G_CC_MAJOR, L.G_PRE_VOLTA)
+    flags = (L.G_CC_MAJOR, L.G_PRE_VOLTA, L.G_POWER_LIMIT_W)
     positive = [c for c in range(L.N_GPU_FEATURES) if c not in flags]
     assert np.isfinite(feats).all() and (feats[:, positive] > 0).all()
     # The compute capability major where the spec has one (AMD gfx targets: 0).
