@@ -16,6 +16,9 @@ from predictor.kernels import layout as L
 from predictor.kernels import precision
 from predictor.kernels.roofline import default_params
 
+# Tensor-core rows read the weights only for a power-limited board's clock.
+NO_WEIGHTS = np.zeros(0)
+
 
 class Block(torch.nn.Module):
     def __init__(self, d=64):
@@ -127,18 +130,18 @@ def _gemm(m, n, k):
 def test_tensor_core_time_physics():
     p = default_params()
     a100 = _gpu("A100-SXM4-80GB")
-    t = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(8192, 8192, 8192), a100, p)
+    t = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(8192, 8192, 8192), a100, p, NO_WEIGHTS)
     # Never faster than the board's measured fraction of the bf16 peak allows.
     ideal = 2 * 8192 ** 3 / (a100[L.G_BF16_TFLOPS] * 1e12) * 1e6
     frac = a100[L.G_TC_FRACTION]
     assert frac == pytest.approx(0.869)
     assert ideal / frac <= t < ideal / frac * 1.2
     # The alignment rule: one element off a multiple of 8 costs the fallback kernel.
-    t_odd = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(8192, 8191, 8192), a100, p)
+    t_odd = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(8192, 8191, 8192), a100, p, NO_WEIGHTS)
     assert t_odd > 1.5 * t
     # Tile quantisation: 129 rows take two row tiles, like 256.
-    t129 = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(129, 8192, 8192), a100, p)
-    t256 = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(256, 8192, 8192), a100, p)
+    t129 = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(129, 8192, 8192), a100, p, NO_WEIGHTS)
+    t256 = precision.tensor_core_us(L.MATMUL, L.BF16, 1, _gemm(256, 8192, 8192), a100, p, NO_WEIGHTS)
     assert t129 == pytest.approx(t256)
 
 
@@ -149,8 +152,8 @@ def test_tensor_core_gemm_splits_the_reduction_to_fill_the_waves():
     within a few percent of the forward GEMM of the same FLOPs."""
     p = default_params()
     a100 = _gpu("A100-SXM4-80GB")
-    wgrad = precision.tensor_core_us(L.MATMUL, L.F16, 1, _gemm(1024, 1024, 43008), a100, p)
-    fwd = precision.tensor_core_us(L.MATMUL, L.F16, 1, _gemm(43008, 1024, 1024), a100, p)
+    wgrad = precision.tensor_core_us(L.MATMUL, L.F16, 1, _gemm(1024, 1024, 43008), a100, p, NO_WEIGHTS)
+    fwd = precision.tensor_core_us(L.MATMUL, L.F16, 1, _gemm(43008, 1024, 1024), a100, p, NO_WEIGHTS)
     ideal = 2 * 1024 * 1024 * 43008 / (a100[L.G_FP16_TFLOPS] * 1e12 * a100[L.G_TC_FRACTION]) * 1e6
     assert ideal < wgrad < 1.1 * ideal
     assert wgrad < 1.1 * fwd
@@ -491,7 +494,7 @@ def test_tensor_core_fraction_per_gpu():
     assert precision.TC_FRACTION == pytest.approx(float(np.median(list(measured.values()))), abs=0.01)
 
     def tflops(gpu):
-        t = precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, gpu, p)
+        t = precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, gpu, p, NO_WEIGHTS)
         return 2 * 8192 ** 3 / (t * 1e-6) / 1e12
 
     rtx4090, l40s = _gpu("RTX-4090"), _gpu("L40S")
@@ -503,8 +506,8 @@ def test_tensor_core_fraction_per_gpu():
     assert a10[L.G_TC_FRACTION] == precision.TC_FRACTION
     zeroed = a10.copy()
     zeroed[L.G_TC_FRACTION] = 0.0
-    assert precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, zeroed, p) == \
-        precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, a10, p)
+    assert precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, zeroed, p, NO_WEIGHTS) == \
+        precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, a10, p, NO_WEIGHTS)
 
 
 def test_geforce_boards_without_a_measurement_take_the_geforce_median():
