@@ -437,6 +437,8 @@ def power_limited(gpu: GPU, watts: float) -> GPU:
         raise InvalidArgumentError(f"power limit must be a number of watts, got {watts!r}")
     if rated <= 0:
         raise InvalidArgumentError(f"{gpu.id} has no rated board power to limit")
+    if gpu.features[L.G_POWER_LIMIT_W] > 0:
+        raise InvalidArgumentError(f"{gpu.id} is already under a power limit: give one limit")
     lo = POWER_LIMIT_MIN_SHARE * rated
     if not lo <= watts <= rated:
         raise InvalidArgumentError(

@@ -47,6 +47,7 @@ def test_the_rated_power_is_the_board_itself():
     ("H100-SXM5-80GB@800W", "outside 175-700 W"),
     ("H100-SXM5-80GB@100W", "outside 175-700 W"),
     ("T4@0W", "outside"),
+    ("T4@60W@50W", "already under a power limit"),
 ])
 def test_limits_outside_the_range_are_refused(name, needle):
     with pytest.raises(InvalidArgumentError, match=needle):
