@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
     p.add_argument("space", metavar="SPACE.py[:NAME]",
                    help="a Python file defining a predictor.Space named `space` (or NAME)")
     p.add_argument("--gpus", "--gpu", default="T4",
-                   help="comma-separated GPU ids or aliases, or 'all' (default: T4)")
+                   help="comma-separated GPU ids or aliases, NAME@WATTSW for a board under a "
+                        "power limit (T4@50W), or 'all' (default: T4)")
     p.add_argument("-b", "--batch-sizes", type=parse_batch_sizes, default=None, metavar="LIST",
                    help="per-GPU batch sizes, e.g. 8,32 or 1..256 (default: each candidate's "
                         "example-input batch)")

@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
     g.add_argument("names", nargs="*", metavar="NAME",
                    help="only the GPUs NAME picks: the one whose id it is, else those whose "
                         "id contains it (case, '-' and spaces ignored), else the one it is an "
-                        "alias of; e.g. `predictor gpus h100 a100 l4` (l4: the L4, not the L40)")
+                        "alias of; e.g. `predictor gpus h100 a100 l4` (l4: the L4, not the L40); "
+                        "NAME@WATTSW: that board under a power limit")
     add_spec_argument(g)
     add_format_arguments(g, json_help="print JSON")
 

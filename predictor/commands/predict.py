@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("-b", "--batch-size", type=batch_size_arg,
                    help="batch size (default: the model's)")
     p.add_argument("--gpus", "--gpu", default=None,
-                   help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
+                   help="comma-separated GPU ids or aliases, NAME@WATTSW for a board under a "
+                        "power limit (H100-SXM5-80GB@500W), or 'all' (default: a common set)")
     add_step_arguments(p, "predict a no-grad forward pass only")
     add_precision_arguments(p)
     add_spec_argument(p)

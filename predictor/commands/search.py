@@ -58,7 +58,8 @@ def add_parser(sub) -> None:
                    help="time: least hours; cost: least USD; throughput: most samples/s "
                         "(default: time)")
     p.add_argument("--gpus", "--gpu", default="all",
-                   help="comma-separated GPU ids or aliases, or 'all' (default: all)")
+                   help="comma-separated GPU ids or aliases, NAME@WATTSW for a board under a "
+                        "power limit (H100-SXM5-80GB@500W), or 'all' (default: all)")
     p.add_argument("-b", "--batch-sizes", type=parse_batch_sizes, default=None, metavar="LIST",
                    help="per-GPU batch sizes: comma-separated sizes and doubling ranges A..B "
                         "(default: 1..2048)")

@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
                    help="comma-separated sizes and doubling ranges A..B "
                         f"(default {DEFAULT_BATCHES}: 1,2,4,...,1024)")
     p.add_argument("--gpus", "--gpu", default=None,
-                   help="comma-separated GPU ids or aliases, or 'all' (default: a common set)")
+                   help="comma-separated GPU ids or aliases, NAME@WATTSW for a board under a "
+                        "power limit (H100-SXM5-80GB@500W), or 'all' (default: a common set)")
     add_step_arguments(p, "predict a no-grad forward pass only")
     add_precision_arguments(p)
     add_spec_argument(p)
