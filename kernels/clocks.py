@@ -55,6 +55,7 @@ from predictor.kernels import layout as L
 from predictor.kernels.features import (BOARD_FIELDS, G_BMM, G_CONV, G_MATMUL, SM_RANGE_FIELDS,
                                         roofline_us)
 from predictor.kernels.mlp import HEADER, group_aux
+from predictor.kernels.roofline import column_or
 
 POWER_EXPONENT = 1.0 / 3.0
 
@@ -68,6 +69,23 @@ def _record(aux, chip):
         if aux[j] == chip:
             return j
     return -1
+
+
+@njit(cache=True)
+def reference_clock(mlp, chip):
+    """(f_r, w_r): the clock (MHz) and board power per SM of the board whose
+    GEMM kernels of `chip` trained the matmul network (its record's c_r x
+    b_r); f_r = 0 where the weights hold no usable record of the chip."""
+    if chip == 0.0 or mlp.shape[0] == 0:
+        return 0.0, 0.0
+    ref = group_aux(mlp, G_MATMUL)
+    r = _record(ref, chip)
+    if r < 0:
+        return 0.0, 0.0
+    w_r, b_r, c_r = ref[r + 1], ref[r + 2], ref[r + 3]
+    if not (w_r > 0.0 and b_r > 0.0 and c_r > 0.0):
+        return 0.0, 0.0
+    return c_r * b_r, w_r
 
 
 @njit(cache=True)
@@ -93,21 +111,17 @@ def clock_ratio(mlp, group, gpu):
 def board_ratio(mlp, group, gpu):
     """`clock_ratio` at the board's rated power."""
     chip = gpu[L.G_CHIP]
-    if chip == 0.0 or mlp.shape[0] == 0:
+    f_r, w_r = reference_clock(mlp, chip)
+    if f_r <= 0.0:
         return 1.0
-    ref = group_aux(mlp, G_MATMUL)
-    r = _record(ref, chip)
-    own = ref if group != G_CONV else group_aux(mlp, G_CONV)
+    own = group_aux(mlp, G_CONV if group == G_CONV else G_MATMUL)
     o = _record(own, chip)
-    if r < 0 or o < 0:
+    if o < 0:
         return 1.0
-    w_r, b_r, c_r = ref[r + 1], ref[r + 2], ref[r + 3]
     w_o, b_o = own[o + 1], own[o + 2]
     sms, b_t = gpu[L.G_SMS], gpu[L.G_CLOCK_MHZ]
-    if not (w_r > 0.0 and b_r > 0.0 and c_r > 0.0 and w_o > 0.0 and b_o > 0.0
-            and sms > 0.0 and b_t > 0.0 and gpu[L.G_TDP_W] > 0.0):
+    if not (w_o > 0.0 and b_o > 0.0 and sms > 0.0 and b_t > 0.0 and gpu[L.G_TDP_W] > 0.0):
         return 1.0
-    f_r = c_r * b_r
     f_t = sustained_clock(b_t, gpu[L.G_TDP_W] / sms, f_r, w_r)
     f_o = sustained_clock(b_o, w_o, f_r, w_r)
     return (f_t / b_t) / (f_o / b_o)
@@ -138,20 +152,12 @@ def power_limit_share(mlp, gpu):
     300 W A100 PCIe 80GB. Elsewhere the board is taken to run at its power
     edge at its rated power, and its clock falls as the cube root of the
     power (the module docstring's f^3 law)."""
-    limit = gpu[L.G_POWER_LIMIT_W] if gpu.shape[0] > L.G_POWER_LIMIT_W else 0.0
+    limit = column_or(gpu, L.G_POWER_LIMIT_W, 0.0)
     rated = gpu[L.G_TDP_W]
     if not (limit > 0.0 and rated > 0.0 and limit < rated):
         return 1.0
-    cube = (limit / rated) ** POWER_EXPONENT
     sms, b = gpu[L.G_SMS], gpu[L.G_CLOCK_MHZ]
-    if gpu[L.G_CHIP] == 0.0 or mlp.shape[0] == 0 or sms <= 0.0 or b <= 0.0:
-        return cube
-    ref = group_aux(mlp, G_MATMUL)
-    r = _record(ref, gpu[L.G_CHIP])
-    if r < 0:
-        return cube
-    w_r, b_r, c_r = ref[r + 1], ref[r + 2], ref[r + 3]
-    if not (w_r > 0.0 and b_r > 0.0 and c_r > 0.0):
-        return cube
-    f_r = c_r * b_r
+    f_r, w_r = reference_clock(mlp, gpu[L.G_CHIP])
+    if f_r <= 0.0 or sms <= 0.0 or b <= 0.0:
+        return (limit / rated) ** POWER_EXPONENT
     return sustained_clock(b, limit / sms, f_r, w_r) / sustained_clock(b, rated / sms, f_r, w_r)

@@ -497,17 +497,15 @@ def _board_record(aux, chip: float):
 
 def power_limit_share(mlp, gpu) -> float:
     """clocks.power_limit_share."""
-    limit = gpu[L.G_POWER_LIMIT_W] if len(gpu) > L.G_POWER_LIMIT_W else 0.0
+    limit = _column_or(gpu, L.G_POWER_LIMIT_W, 0.0)
     rated = gpu[L.G_TDP_W]
     if not (limit > 0.0 and rated > 0.0 and limit < rated):
         return 1.0
-    cube = (limit / rated) ** (1.0 / 3.0)
     sms, b = gpu[L.G_SMS], gpu[L.G_CLOCK_MHZ]
-    if gpu[L.G_CHIP] == 0.0 or len(mlp) == 0 or sms <= 0.0 or b <= 0.0:
-        return cube
-    ref = _board_record(group_aux(mlp, features.G_MATMUL), gpu[L.G_CHIP])
-    if ref is None or min(ref) <= 0.0:
-        return cube
+    ref = None if gpu[L.G_CHIP] == 0.0 or len(mlp) == 0 else \
+        _board_record(group_aux(mlp, features.G_MATMUL), gpu[L.G_CHIP])
+    if ref is None or min(ref) <= 0.0 or sms <= 0.0 or b <= 0.0:
+        return (limit / rated) ** (1.0 / 3.0)
     w_r, b_r, c_r = ref
     f_r = c_r * b_r
     return (min(b, f_r * (limit / sms / w_r) ** (1.0 / 3.0))
