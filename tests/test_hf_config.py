@@ -108,3 +108,37 @@ def test_sequence_beyond_the_positions_is_refused(tmp_path):
     path = _write(tmp_path, BERT_LIKE, "bert-tiny")
     with pytest.raises(PredictorError, match="exceeds bert-tiny's maximum of 512"):
         predictor.trace(path, seq_len=1024)
+
+
+def test_constructor_constants_are_computed_for_real(tmp_path):
+    """ConvNeXt's constructor turns a linspace of drop-path rates into Python
+    floats (``tolist``): under fake tensors alone that is a data-dependent
+    error. Built with its constants real (``frontend.construction``), it
+    traces, and its weights are still never materialised."""
+    path = _write(tmp_path, {"architectures": ["ConvNextForImageClassification"],
+                             "model_type": "convnext", "hidden_sizes": [16, 32, 64, 128],
+                             "depths": [1, 1, 2, 1], "image_size": 64, "num_channels": 3,
+                             "drop_path_rate": 0.1}, "convnext-tiny")
+    g = predictor.trace(path, batch_size=4)
+    assert g.name == "convnext-tiny" and g.parameters > 0
+    assert predictor.predict(g, "A100-SXM4-80GB").iteration_ms > 0
+
+
+def test_real_constants_keep_parameters_fake():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from predictor.frontend.construction import MAX_ELEMENTS, real_constants
+
+    with FakeTensorMode(allow_non_fake_inputs=True), real_constants():
+        rates = [x.tolist() for x in torch.linspace(0, 0.3, 4).split([1, 3])]
+        layer = torch.nn.Linear(8, 8)
+        ids = torch.arange(16)
+        big = torch.arange(MAX_ELEMENTS + 1)
+        on_meta = torch.linspace(0, 1, 4, device="meta")
+        scaled = torch.ones(8) * 0.5
+    assert rates[0] == [0.0] and rates[1] == pytest.approx([0.1, 0.2, 0.3])
+    assert isinstance(layer.weight, FakeTensor) and isinstance(scaled, FakeTensor)
+    assert not isinstance(ids, FakeTensor) and ids.tolist()[-1] == 15
+    assert isinstance(big, FakeTensor)          # too large to compute: left fake
+    assert on_meta.device.type == "meta"

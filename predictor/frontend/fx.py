@@ -29,6 +29,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor.frontend import autocast, blocks, float8, layout_pass, memory_pass, optimizers
+from predictor.frontend.construction import real_constants
 from predictor.frontend.cuda_paths import CudaPaths
 from predictor.io import printable
 from predictor.kernels import layout as L
@@ -259,7 +260,7 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
         # fake mode the trace then reuses (the factory is never called again).
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         try:
-            with fake:
+            with fake, real_constants():
                 built = model()
         except Exception as exc:  # noqa: BLE001 — user code
             raise TraceError(f"the model factory raised {_one_line(exc)}") from exc
@@ -381,11 +382,13 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         fake = spec.prebuilt[0]
     with fake:
         if mode == "inference" and spec.build_inference is not None:
-            module = spec.build_inference()
+            with real_constants():
+                module = spec.build_inference()
         elif spec.prebuilt is not None:
             module = spec.prebuilt[1]
         else:
-            built = spec.build()
+            with real_constants():
+                built = spec.build()
             module = built[0] if isinstance(built, tuple) else built
         if not isinstance(module, torch.nn.Module):
             raise InvalidArgumentError(

@@ -1,0 +1,114 @@
+"""Building a model under fake tensors, with the constants of its constructor real.
+
+Every model is built inside a ``FakeTensorMode``, so that no parameter is
+ever materialised (a 70B model's weights would not fit this machine). Some
+constructors, though, compute Python numbers from small tensors: a
+stochastic-depth schedule
+``[x.tolist() for x in torch.linspace(0, rate, n).split(depths)]`` in
+Hugging Face's ConvNeXt, ConvNeXt V2 and a score of other vision models, or
+``[x.item() for x in torch.linspace(...)]``. A fake tensor has no values,
+so ``tolist`` raises a data-dependent error and the model cannot be traced.
+
+Those values are fixed by the constructor's Python arguments, never by a
+weight or an input. ``real_constants`` therefore computes them for real while
+a model is built: a range or value factory (``linspace``, ``logspace``,
+``arange``, ``tensor``, ``as_tensor``, ``from_numpy``) called on Python
+numbers, on the CPU, of at most ``MAX_ELEMENTS`` elements, and then anything
+computed from real tensors alone. Parameters and buffers are still created
+by ``empty``/``zeros``/``ones`` and initialised in place, so they stay
+fake; the trace replaces every parameter and buffer by a fake stand-in in
+any case (``fx._fake_params``), so no shape or op of the traced step changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+# The largest constant computed for real: a position-id range of a 128k
+# context is 131,072 elements; a megabyte-sized constant costs nothing.
+MAX_ELEMENTS = 1 << 20
+
+_RANGES = {torch.linspace, torch.logspace}
+_VALUES = {torch.tensor, torch.as_tensor, torch.from_numpy}
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float, bool)) and not isinstance(x, torch.SymInt)
+
+
+def _on_cpu(kwargs: dict) -> bool:
+    device = kwargs.get("device")
+    return device is None or torch.device(device).type == "cpu"
+
+
+def _arange_count(args: tuple, kwargs: dict) -> float:
+    """Elements of ``torch.arange(*args, **kwargs)``; inf where not plain numbers."""
+    bounds = list(args)
+    for k in ("start", "end", "step"):
+        if k in kwargs:
+            bounds.append(kwargs[k])
+    if not bounds or not all(_number(b) for b in bounds):
+        return math.inf
+    if len(bounds) == 1:
+        start, end, step = 0, bounds[0], 1
+    else:
+        start, end = bounds[0], bounds[1]
+        step = bounds[2] if len(bounds) > 2 else 1
+    if step == 0:
+        return math.inf
+    return max(0.0, math.ceil((end - start) / step))
+
+
+def _factory_is_constant(func: Any, args: tuple, kwargs: dict) -> bool:
+    """A factory whose result is fixed by Python numbers (or a numpy array),
+    small and on the CPU."""
+    if not _on_cpu(kwargs):
+        return False
+    if func is torch.arange:
+        return _arange_count(args, kwargs) <= MAX_ELEMENTS
+    if func in _RANGES:
+        steps = args[2] if len(args) > 2 else kwargs.get("steps")
+        return (all(_number(a) for a in args[:2]) and _number(steps)
+                and 0 <= steps <= MAX_ELEMENTS)
+    if func in _VALUES:
+        data = args[0] if args else kwargs.get("data")
+        if isinstance(data, torch.Tensor):
+            return not isinstance(data, FakeTensor) and data.numel() <= MAX_ELEMENTS
+        try:
+            import numpy as np
+
+            return int(np.asarray(data).size) <= MAX_ELEMENTS
+        except Exception:  # noqa: BLE001 - not array-like: leave it to the fake mode
+            return False
+    return False
+
+
+class _RealConstants(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if tensors:
+            real = all(not isinstance(t, FakeTensor) and t.device.type == "cpu"
+                       for t in tensors)
+        else:
+            real = _factory_is_constant(func, args, kwargs)
+        if real:
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def real_constants():
+    """While a model is built under a ``FakeTensorMode``: constants its
+    constructor computes from Python numbers are real tensors (module
+    docstring)."""
+    with _RealConstants():
+        yield
