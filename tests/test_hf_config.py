@@ -142,3 +142,19 @@ def test_real_constants_keep_parameters_fake():
     assert not isinstance(ids, FakeTensor) and ids.tolist()[-1] == 15
     assert isinstance(big, FakeTensor)          # too large to compute: left fake
     assert on_meta.device.type == "meta"
+
+
+@pytest.mark.parametrize("doc, name", [
+    # a vocabulary of visual tokens (its pre-training targets), pixels in
+    ({"model_type": "beit", "vocab_size": 8192, "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "intermediate_size": 128, "image_size": 64, "patch_size": 16,
+      "num_channels": 3}, "beit-tiny"),
+    # two heads for one model type, no `architectures` to choose between them
+    ({"model_type": "deit", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "intermediate_size": 128, "image_size": 64, "patch_size": 16, "num_channels": 3},
+     "deit-tiny"),
+])
+def test_image_configs_that_read_like_text_or_name_no_head(tmp_path, doc, name):
+    g = predictor.trace(_write(tmp_path, doc, name), batch_size=4)
+    assert g.name == name and g.seq_len is None and g.parameters > 0
+    assert predictor.predict(g, "A100-SXM4-80GB").iteration_ms > 0

@@ -123,11 +123,17 @@ def _architectures(config) -> list[str]:
 
 
 def _is_vision(config) -> bool:
-    """An image model: pixels in (``num_channels``), no token vocabulary."""
+    """An image model: pixels in (``num_channels``), and no token vocabulary
+    or a type transformers classifies images with (BEiT's vocabulary is of
+    the visual tokens its pre-training predicts, not of its inputs)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
     vocab = getattr(config, "vocab_size", None)
     channels = getattr(config, "num_channels", None)
-    return not (isinstance(vocab, int) and vocab > 0) and isinstance(channels, int) \
-        and not isinstance(channels, bool) and channels > 0
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels <= 0:
+        return False
+    return not (isinstance(vocab, int) and vocab > 0) \
+        or getattr(config, "model_type", None) in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
 
 def _model_class(config):
@@ -156,6 +162,11 @@ def _build(config, layers: int | None = None) -> nn.Module:
     cfg = copy.deepcopy(config)
     if layers is not None:
         cfg.num_hidden_layers = layers
+    # An Auto class with several heads for one model type (DeiT's with and
+    # without its distillation teacher) iterates `architectures`, which a
+    # config built in code leaves None: no architecture named, its default.
+    if getattr(cfg, "architectures", None) is None:
+        cfg.architectures = []
     # A config's dtype is how its released weights are stored, not how the
     # model trains: fp32 weights (amp= or dtype= choose the precision).
     attr = "dtype" if "dtype" in vars(cfg) else "torch_dtype"   # transformers 5 / 4
