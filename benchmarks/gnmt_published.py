@@ -32,6 +32,16 @@ LSTMs and GEMMs in fp16, softmax and loss in fp32, fp32 weights cast every
 step, fp32 Adam; the headline) and as a half-precision model
 (`dtype="float16"`: O2's fp16 activations everywhere, but its optimizer in
 fp16 too, without O2's fp32 master weights).
+
+A second table, ten GPUs from a Quadro RTX 8000 to an H100 PCIe: Lambda's
+PyTorch benchmark (`LAMBDA`), the same DeepLearningExamples script in the
+pytorch-22.10 NGC container, one GPU, at the largest batch each GPU's memory
+took. Its "fp32" column is TF32 on Ampere and newer: NGC containers switch
+TF32 on for cuBLAS (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE) and PyTorch for
+cuDNN, and the script's `--math fp32` leaves both as they are. Its fp16
+column is the script's `--math fp16`, apex O2 as above. Each row is priced at
+its own batch; Spearman's rank correlation across the ten GPUs says whether
+they come out in the published order.
 """
 
 from __future__ import annotations
@@ -44,21 +54,54 @@ SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (the 
           "the pytorch-20.06-py3 container; stored copy: github.com/nlqq/NVIDIA-DeepLearningExamples "
           "commit 68c8ab4), 'Training throughput results', 1 GPU, batch 128")
 
-# (GPU, precision, published tokens/s)
-PUBLISHED = [
-    ("V100-SXM2-16GB", "fp32", 21860),
-    ("V100-SXM2-16GB", "amp", 76438),
-    ("A100-SXM4-40GB", "tf32", 83214),
-    ("A100-SXM4-40GB", "amp", 140909),
-]
 BATCH = 128
+# (GPU, precision, batch, published tokens/s)
+PUBLISHED = [
+    ("V100-SXM2-16GB", "fp32", BATCH, 21860),
+    ("V100-SXM2-16GB", "amp", BATCH, 76438),
+    ("A100-SXM4-40GB", "tf32", BATCH, 83214),
+    ("A100-SXM4-40GB", "amp", BATCH, 140909),
+]
+
+_LAMBDA = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
+           "0235381f1bf0c4550a981f7e81f90e72f175756f/pytorch/{}")
+LAMBDA_SOURCE = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json") + " and "
+                 + _LAMBDA.format("pytorch-train-throughput-fp32.json")
+                 + " (1-GPU rows, column gnmt; batch per GPU from pytorch-train-bs-fp16.json and "
+                 "pytorch-train-bs-fp32.json); NGC pytorch-22.10")
+# The GPUs of benchmarks.amp_published's Lambda rows ("LambdaCloud V100
+# 16GB" is the SXM2 part, "Ada A6000" the RTX 6000 Ada). "fp32" where the
+# GPU has no TF32 (Volta, Turing), "tf32" on Ampere and newer.
+LAMBDA = [
+    ("QUADRO-RTX-8000", "amp", 968, 88498),
+    ("V100-SXM2-16GB", "amp", 256, 79111),
+    ("RTX-3090", "amp", 464, 86080),
+    ("A100-PCIE-40GB", "amp", 800, 186947),
+    ("A100-PCIE-80GB", "amp", 1520, 227949),
+    ("A100-SXM4-80GB", "amp", 1520, 243500),
+    ("RTX-6000-ADA", "amp", 968, 160184),
+    ("RTX-A6000", "amp", 968, 116438),
+    ("RTX-4090", "amp", 464, 159511),
+    ("H100-PCIE-80GB", "amp", 1520, 332521),
+    ("QUADRO-RTX-8000", "fp32", 576, 21616),
+    ("V100-SXM2-16GB", "fp32", 128, 24109),
+    ("RTX-3090", "tf32", 288, 44869),
+    ("A100-PCIE-40GB", "tf32", 512, 101476),
+    ("A100-PCIE-80GB", "tf32", 1024, 120980),
+    ("A100-SXM4-80GB", "tf32", 1024, 129911),
+    ("RTX-6000-ADA", "tf32", 576, 80854),
+    ("RTX-A6000", "tf32", 576, 62271),
+    ("RTX-4090", "tf32", 288, 84598),
+    ("H100-PCIE-80GB", "tf32", 1024, 162431),
+]
 LENGTHS = (25, 50)
 OPTIMIZER = "adam-loop+clip"
 
 
-def predict_rows(lengths=LENGTHS) -> list[dict]:
-    """One dict per published figure: the predicted tokens/s at each length,
-    and the errors of their mean."""
+def predict_rows(lengths=LENGTHS, table=None) -> list[dict]:
+    """One dict per published figure of `table` (default PUBLISHED;
+    LAMBDA): the predicted tokens/s at each length, and the errors of their
+    mean."""
     import predictor
 
     graphs = {}
@@ -69,16 +112,18 @@ def predict_rows(lengths=LENGTHS) -> list[dict]:
         graphs[("amp", seq)] = predictor.trace("gnmt", batch_size=BATCH, seq_len=seq,
                                                optimizer=OPTIMIZER, amp="fp16")
     out = []
-    for gpu, prec, published in PUBLISHED:
-        row = {"gpu": gpu, "precision": prec, "published": published}
+    for gpu, prec, batch, published in (PUBLISHED if table is None else table):
+        row = {"gpu": gpu, "precision": prec, "batch": batch, "published": published}
         main, half = [], []
         for seq in lengths:
-            tokens = 2 * BATCH * seq
-            p = predictor.predict(graphs[(prec, seq)], gpu, tf32_matmul=prec == "tf32")
+            tokens = 2 * batch * seq
+            p = predictor.predict(graphs[(prec, seq)], gpu, batch_size=batch,
+                                  tf32_matmul=prec == "tf32")
             main.append(tokens / p.iteration_ms * 1e3)
             row[f"L{seq}"] = main[-1]
             if prec == "amp":
-                h = predictor.predict(graphs[("fp32", seq)], gpu, dtype="float16")
+                h = predictor.predict(graphs[("fp32", seq)], gpu, batch_size=batch,
+                                      dtype="float16")
                 half.append(tokens / h.iteration_ms * 1e3)
         row["predicted"] = float(np.mean(main))
         row["error_pct"] = 100 * (row["predicted"] / published - 1)
@@ -102,26 +147,51 @@ def speedups(rows: list[dict]) -> list[tuple[str, float, float]]:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args(argv)
-    rows = predict_rows()
-    print(SOURCE)
+def rank_correlations(rows: list[dict]) -> dict[str, float]:
+    """Spearman's correlation of predicted with published tokens/s across
+    the GPUs, per program (mixed precision; fp32 and TF32 together)."""
+    from benchmarks.amp_published import spearman
+
+    out = {}
+    for name, group in (("amp", ("amp",)), ("fp32/tf32", ("fp32", "tf32"))):
+        sel = [r for r in rows if r["precision"] in group]
+        if sel:
+            out[name] = spearman([r["published"] for r in sel], [r["predicted"] for r in sel])
+    return out
+
+
+def print_table(source: str, rows: list[dict]) -> None:
+    print(source)
     cols = " | ".join(f"L = {s}" for s in LENGTHS)
-    print(f"\n| GPU | precision | published tokens/s | predicted, {cols} | mean | error "
+    print(f"\n| GPU | precision | batch | published tokens/s | predicted, {cols} | mean | error "
           "| as a half-precision model |")
-    print("| --- | --- | ---: |" + " ---: |" * len(LENGTHS) + " ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: |" + " ---: |" * len(LENGTHS) + " ---: | ---: | ---: |")
     for r in rows:
         half = (f"{r['half_model']:,.0f} ({r['half_model_error_pct']:+.1f} %)"
                 if "half_model" in r else "-")
         lens = " | ".join(f"{r[f'L{s}']:,.0f}" for s in LENGTHS)
-        print(f"| {r['gpu']} | {r['precision']} | {r['published']:,} | {lens} | "
+        print(f"| {r['gpu']} | {r['precision']} | {r['batch']:,} | {r['published']:,} | {lens} | "
               f"{r['predicted']:,.0f} | {r['error_pct']:+.1f} % | {half} |")
     errs = [abs(r["error_pct"]) for r in rows]
     print(f"\nmean |error| {np.mean(errs):.1f} % over {len(rows)} figures")
     for gpu, pub, pred in speedups(rows):
         print(f"{gpu}: mixed-precision speedup published {pub:.2f}x, predicted {pred:.2f}x")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.parse_args(argv)
+    nvidia = predict_rows()
+    print_table(SOURCE, nvidia)
+    lam = predict_rows(table=LAMBDA)
+    print()
+    print_table(LAMBDA_SOURCE, lam)
+    for name, rho in rank_correlations(lam).items():
+        print(f"Spearman across Lambda's GPUs, {name}: {rho:.2f}")
+    both = nvidia + lam
+    print(f"\nall: mean |error| {np.mean([abs(r['error_pct']) for r in both]):.1f} % "
+          f"over {len(both)} figures")
     return 0
 
 

@@ -20,6 +20,14 @@ FusedAdam (one multi-tensor kernel; traced as PyTorch's fused Adam,
 for mixed precision, and TF32 matmuls on the A100 (PyTorch 1.9's default).
 The published figure is the epoch's samples over its wall time, which also
 holds each epoch's negative sampling on the GPU (not modelled here).
+
+A second table, ten GPUs from a Quadro RTX 8000 to an H100 PCIe: Lambda's
+PyTorch benchmark (`LAMBDA`), the same script in the pytorch-22.10 NGC
+container, one GPU, at the largest batch each GPU's memory took (1.3 to 10
+million samples). Its "fp32" column is TF32 on Ampere and newer (NGC
+containers switch TF32 on for cuBLAS), its fp16 column the script's `--amp`.
+Each row is priced at its own batch; Spearman's rank correlation across the
+ten GPUs says whether they come out in the published order.
 """
 
 from __future__ import annotations
@@ -36,12 +44,44 @@ SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Recommendation/NCF/README.md (co
 USERS, ITEMS, FACTORS, LAYERS = 138_493, 26_744, 64, (256, 256, 128, 64)
 BATCH = 2 ** 20
 
-# (GPU, precision, published samples/s)
+# (GPU, precision, batch, published samples/s)
 PUBLISHED = [
-    ("A100-SXM4-40GB", "tf32", 22.59e6),
-    ("A100-SXM4-40GB", "amp", 34.08e6),
-    ("V100-SXM2-16GB", "fp32", 10.42e6),
-    ("V100-SXM2-16GB", "amp", 21.84e6),
+    ("A100-SXM4-40GB", "tf32", BATCH, 22.59e6),
+    ("A100-SXM4-40GB", "amp", BATCH, 34.08e6),
+    ("V100-SXM2-16GB", "fp32", BATCH, 10.42e6),
+    ("V100-SXM2-16GB", "amp", BATCH, 21.84e6),
+]
+
+_LAMBDA = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
+           "0235381f1bf0c4550a981f7e81f90e72f175756f/pytorch/{}")
+LAMBDA_SOURCE = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json") + " and "
+                 + _LAMBDA.format("pytorch-train-throughput-fp32.json")
+                 + " (1-GPU rows, column ncf; batch per GPU from pytorch-train-bs-fp16.json and "
+                 "pytorch-train-bs-fp32.json); NGC pytorch-22.10")
+# The GPUs of benchmarks.amp_published's Lambda rows ("LambdaCloud V100
+# 16GB" is the SXM2 part, "Ada A6000" the RTX 6000 Ada). "fp32" where the
+# GPU has no TF32 (Volta, Turing), "tf32" on Ampere and newer.
+LAMBDA = [
+    ("QUADRO-RTX-8000", "amp", 10_000_000, 19_801_310),
+    ("V100-SXM2-16GB", "amp", 2_560_000, 23_476_979),
+    ("RTX-3090", "amp", 4_278_184, 25_118_176),
+    ("A100-PCIE-40GB", "amp", 7_500_000, 37_012_517),
+    ("A100-PCIE-80GB", "amp", 10_000_000, 29_393_923),
+    ("A100-SXM4-80GB", "amp", 10_000_000, 30_787_381),
+    ("RTX-6000-ADA", "amp", 10_000_000, 33_148_978),
+    ("RTX-A6000", "amp", 10_000_000, 25_357_954),
+    ("RTX-4090", "amp", 4_278_184, 32_192_491),
+    ("H100-PCIE-80GB", "amp", 10_000_000, 34_483_571),
+    ("QUADRO-RTX-8000", "fp32", 5_000_000, 8_501_458),
+    ("V100-SXM2-16GB", "fp32", 1_280_000, 9_932_793),
+    ("RTX-3090", "tf32", 2_516_582, 14_714_953),
+    ("A100-PCIE-40GB", "tf32", 4_000_000, 24_053_576),
+    ("A100-PCIE-80GB", "tf32", 8_000_000, 27_394_043),
+    ("A100-SXM4-80GB", "tf32", 8_000_000, 28_653_595),
+    ("RTX-6000-ADA", "tf32", 5_000_000, 16_916_224),
+    ("RTX-A6000", "tf32", 5_000_000, 13_803_937),
+    ("RTX-4090", "tf32", 2_516_582, 17_476_573),
+    ("H100-PCIE-80GB", "tf32", 8_000_000, 32_325_375),
 ]
 
 
@@ -75,18 +115,20 @@ def build(batch: int = BATCH):
     return NeuMFStep(), inputs
 
 
-def predict_rows() -> list[dict]:
+def predict_rows(table=None) -> list[dict]:
+    """One dict per figure of `table` (default PUBLISHED; LAMBDA), priced at
+    its own batch."""
     import predictor
 
     graphs = {prec: predictor.trace(build, loss_fn="mean", optimizer="adam-fused",
                                     amp="fp16" if prec == "amp" else None)
               for prec in ("fp32", "amp")}
     out = []
-    for gpu, prec, published in PUBLISHED:
+    for gpu, prec, batch, published in (PUBLISHED if table is None else table):
         g = graphs["amp" if prec == "amp" else "fp32"]
-        p = predictor.predict(g, gpu, batch_size=BATCH, tf32_matmul=prec == "tf32")
-        predicted = BATCH / p.iteration_ms * 1e3
-        out.append({"gpu": gpu, "precision": prec, "published": published,
+        p = predictor.predict(g, gpu, batch_size=batch, tf32_matmul=prec == "tf32")
+        predicted = batch / p.iteration_ms * 1e3
+        out.append({"gpu": gpu, "precision": prec, "batch": batch, "published": published,
                     "predicted": predicted, "error_pct": 100 * (predicted / published - 1),
                     "step_ms": p.iteration_ms, "by_family": p.by_family()})
     return out
@@ -96,14 +138,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
     args = ap.parse_args(argv)
-    rows = predict_rows()
-    print(SOURCE)
-    print("\n| GPU | precision | published samples/s | predicted | error | predicted step ms |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['gpu']} | {r['precision']} | {r['published'] / 1e6:.2f}M | "
-              f"{r['predicted'] / 1e6:.2f}M | {r['error_pct']:+.1f} % | {r['step_ms']:.1f} |")
-    print_summary(rows, args.breakdown)
+    from benchmarks.gnmt_published import rank_correlations
+
+    nvidia, lam = predict_rows(), predict_rows(LAMBDA)
+    for source, rows in ((SOURCE, nvidia), (LAMBDA_SOURCE, lam)):
+        print(source)
+        print("\n| GPU | precision | batch | published samples/s | predicted | error "
+              "| predicted step ms |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            print(f"| {r['gpu']} | {r['precision']} | {r['batch']:,} | "
+                  f"{r['published'] / 1e6:.2f}M | {r['predicted'] / 1e6:.2f}M | "
+                  f"{r['error_pct']:+.1f} % | {r['step_ms']:.1f} |")
+        print_summary(rows, args.breakdown)
+        print()
+    for name, rho in rank_correlations(lam).items():
+        print(f"Spearman across Lambda's GPUs, {name}: {rho:.2f}")
+    both = nvidia + lam
+    print(f"\nall: mean |error| {np.mean([abs(r['error_pct']) for r in both]):.1f} % "
+          f"over {len(both)} figures")
     return 0
 
 
