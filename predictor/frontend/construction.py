@@ -12,12 +12,15 @@ so ``tolist`` raises a data-dependent error and the model cannot be traced.
 Those values are fixed by the constructor's Python arguments, never by a
 weight or an input. ``real_constants`` therefore computes them for real while
 a model is built: a range or value factory (``linspace``, ``logspace``,
-``arange``, ``tensor``, ``as_tensor``, ``from_numpy``) called on Python
-numbers, on the CPU, of at most ``MAX_ELEMENTS`` elements, and then anything
+``arange``, ``tensor``, ``as_tensor``) called on Python numbers or a numpy
+array, on the CPU, of at most ``MAX_ELEMENTS`` elements, and then anything
 computed from real tensors alone. Parameters and buffers are still created
 by ``empty``/``zeros``/``ones`` and initialised in place, so they stay
 fake; the trace replaces every parameter and buffer by a fake stand-in in
 any case (``fx._fake_params``), so no shape or op of the traced step changes.
+What a function mode does not see stays fake: ``torch.from_numpy`` and the
+legacy ``torch.Tensor(array)`` constructor (BiT's schedule), whose models
+still cannot be traced.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from torch.utils._pytree import tree_leaves
 MAX_ELEMENTS = 1 << 20
 
 _RANGES = {torch.linspace, torch.logspace}
-_VALUES = {torch.tensor, torch.as_tensor, torch.from_numpy}
+_VALUES = {torch.tensor, torch.as_tensor}
 
 
 def _number(x: Any) -> bool:
@@ -45,7 +48,12 @@ def _number(x: Any) -> bool:
 
 def _on_cpu(kwargs: dict) -> bool:
     device = kwargs.get("device")
-    return device is None or torch.device(device).type == "cpu"
+    if device is None:
+        return True
+    try:
+        return torch.device(device).type == "cpu"
+    except (RuntimeError, TypeError):  # not a device: the factory itself says so
+        return False
 
 
 def _arange_count(args: tuple, kwargs: dict) -> float:
