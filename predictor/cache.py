@@ -55,6 +55,7 @@ GRAPH_SOURCES = (
     "predictor.frontend.float8",
     "predictor.frontend.memory_pass",
     "predictor.frontend.layout_pass",
+    "predictor.frontend.construction",
     "predictor.dtypes",
     "predictor.lowering",
     "predictor.families",
