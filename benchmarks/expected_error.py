@@ -13,9 +13,12 @@ out of it.
 - ``unseen``: the second's (each GPU's labels predicted by op models trained
   without it);
 - ``tensor cores``: the AMP and TF32 rows of ``benchmarks.amp_published``
-  (published ResNet-50 and BERT-large training throughput) and the rows of
+  (published ResNet-50 and BERT training throughput), of
   ``benchmarks.timm_published`` (timm's AMP training and inference of
-  ResNets and Inception v3, NCHW and channels-last), computed here.
+  ResNets and Inception v3, NCHW and channels-last), and of
+  ``benchmarks.gnmt_published``, ``benchmarks.ncf_published`` (NVIDIA's and
+  Lambda's tables) and ``benchmarks.transformer_published``: every published
+  figure the predictor prices on tensor cores, computed here.
 
 The held-out check: for each GPU, the band from every *other* GPU's labels,
 and the share of its own labels inside it. A band that holds about 90 % of
@@ -74,12 +77,19 @@ def from_published() -> tuple[list[str], np.ndarray]:
     """The published rows whose GEMMs the predictor runs on tensor cores
     (AMP, or TF32 where the GPU has TF32 tensor cores), as a prediction's
     standing is decided."""
-    from benchmarks import amp_published, timm_published
+    from benchmarks import (amp_published, gnmt_published, ncf_published, timm_published,
+                            transformer_published)
     from predictor import engine, hardware
     from predictor.kernels import layout as L
 
+    candidates = (amp_published.run()
+                  + [dict(r, precision="amp") for r in timm_published.run()]
+                  + gnmt_published.predict_rows()
+                  + gnmt_published.predict_rows(table=gnmt_published.LAMBDA)
+                  + ncf_published.predict_rows() + ncf_published.predict_rows(ncf_published.LAMBDA)
+                  + transformer_published.predict_rows())
     rows = []
-    for r in amp_published.run() + [dict(r, precision="amp") for r in timm_published.run()]:
+    for r in candidates:
         if r["precision"] not in ("amp", "tf32"):
             continue
         tf32 = r["precision"] == "tf32"
@@ -135,10 +145,13 @@ def main(argv=None) -> int:
         }
     standings["tensor cores"] = standing_figures(*from_published(),
                                                  "published AMP and TF32 throughput: "
-                                                 "ResNet-50 and BERT-large training "
+                                                 "ResNet-50 and BERT training "
                                                  "(benchmarks.amp_published), ResNets and "
                                                  "Inception v3 training and inference "
-                                                 "(benchmarks.timm_published)")
+                                                 "(benchmarks.timm_published), GNMT, NCF and "
+                                                 "Transformer-big training "
+                                                 "(benchmarks.gnmt_published, ncf_published, "
+                                                 "transformer_published)")
     print("| standing | labels | GPUs | mean abs error | 90th percentile | held-out GPU's "
           "labels within the others' band |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
