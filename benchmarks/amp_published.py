@@ -100,6 +100,16 @@ PUBLISHED = [
 
 _LAMBDA = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
            "0235381f1bf0c4550a981f7e81f90e72f175756f/pytorch/{}")
+
+
+def lambda_source(column: str) -> str:
+    """The source of one column of Lambda's tables (both precisions), as the
+    GNMT and NCF harnesses cite it."""
+    return ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json") + " and "
+            + _LAMBDA.format("pytorch-train-throughput-fp32.json")
+            + f" (1-GPU rows, column {column}; batch per GPU from pytorch-train-bs-fp16.json and "
+            "pytorch-train-bs-fp32.json); NGC pytorch-22.10")
+
 LAMBDA_AMP = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json")
               + " (1-GPU rows; batch per GPU from "
               + _LAMBDA.format("pytorch-train-bs-fp16.json") + ")")

@@ -50,6 +50,8 @@ import argparse
 
 import numpy as np
 
+from benchmarks.amp_published import lambda_source
+
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (the version of "
           "the pytorch-20.06-py3 container; stored copy: github.com/nlqq/NVIDIA-DeepLearningExamples "
           "commit 68c8ab4), 'Training throughput results', 1 GPU, batch 128")
@@ -63,12 +65,7 @@ PUBLISHED = [
     ("A100-SXM4-40GB", "amp", BATCH, 140909),
 ]
 
-_LAMBDA = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
-           "0235381f1bf0c4550a981f7e81f90e72f175756f/pytorch/{}")
-LAMBDA_SOURCE = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json") + " and "
-                 + _LAMBDA.format("pytorch-train-throughput-fp32.json")
-                 + " (1-GPU rows, column gnmt; batch per GPU from pytorch-train-bs-fp16.json and "
-                 "pytorch-train-bs-fp32.json); NGC pytorch-22.10")
+LAMBDA_SOURCE = lambda_source("gnmt")
 # The GPUs of benchmarks.amp_published's Lambda rows ("LambdaCloud V100
 # 16GB" is the SXM2 part, "Ada A6000" the RTX 6000 Ada). "fp32" where the
 # GPU has no TF32 (Volta, Turing), "tf32" on Ampere and newer.

@@ -39,6 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from benchmarks.amp_published import lambda_source
+
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Recommendation/NCF/README.md (commit 05ee986), "
           "'Training performance results', 1 GPU, batch 1,048,576, PyTorch 21.04 NGC container")
 USERS, ITEMS, FACTORS, LAYERS = 138_493, 26_744, 64, (256, 256, 128, 64)
@@ -52,12 +54,7 @@ PUBLISHED = [
     ("V100-SXM2-16GB", "amp", BATCH, 21.84e6),
 ]
 
-_LAMBDA = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
-           "0235381f1bf0c4550a981f7e81f90e72f175756f/pytorch/{}")
-LAMBDA_SOURCE = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json") + " and "
-                 + _LAMBDA.format("pytorch-train-throughput-fp32.json")
-                 + " (1-GPU rows, column ncf; batch per GPU from pytorch-train-bs-fp16.json and "
-                 "pytorch-train-bs-fp32.json); NGC pytorch-22.10")
+LAMBDA_SOURCE = lambda_source("ncf")
 # The GPUs of benchmarks.amp_published's Lambda rows ("LambdaCloud V100
 # 16GB" is the SXM2 part, "Ada A6000" the RTX 6000 Ada). "fp32" where the
 # GPU has no TF32 (Volta, Turing), "tf32" on Ampere and newer.
