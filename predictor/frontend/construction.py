@@ -101,6 +101,11 @@ def _factory_is_constant(func: Any, args: tuple, kwargs: dict) -> bool:
 class _RealConstants(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        # Nearly every call while a model is built touches a parameter (a
+        # fake tensor), down to each metadata read the fake mode makes: those
+        # go straight through, so that building costs what it did.
+        if FakeTensor in types or any(isinstance(a, FakeTensor) for a in args):
+            return func(*args, **kwargs)
         tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if tensors:
             real = all(not isinstance(t, FakeTensor) and t.device.type == "cpu"
