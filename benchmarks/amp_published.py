@@ -243,20 +243,46 @@ def spearman(a, b) -> float:
     return float((ra * rb).sum() / den) if den > 0 else float("nan")
 
 
+def program_group(precision: str) -> str:
+    """The group a row is ranked in across GPUs: fp32 and TF32 together (one
+    program, TF32 where the GPU has it), mixed precision apart."""
+    return "fp32/tf32" if precision in ("fp32", "tf32") else precision
+
+
 def summary(rows) -> list[dict]:
     """Mean |error| and the rank correlation across GPUs per publisher, model, precision."""
     out = []
-    keys = dict.fromkeys((publisher(r["source"]), r["model"],
-                          "fp32/tf32" if r["precision"] in ("fp32", "tf32") else r["precision"])
+    keys = dict.fromkeys((publisher(r["source"]), r["model"], program_group(r["precision"]))
                          for r in rows)
     for pub, model, prec in keys:
         g = [r for r in rows if publisher(r["source"]) == pub and r["model"] == model
-             and ("fp32/tf32" if r["precision"] in ("fp32", "tf32") else r["precision"]) == prec]
+             and program_group(r["precision"]) == prec]
         out.append({"publisher": pub, "model": model, "precision": prec, "gpus": len(g),
                     "mean_abs_error_pct": float(np.mean([abs(r["error_pct"]) for r in g])),
                     "spearman": spearman([r["published"] for r in g],
                                          [r["predicted"] for r in g])})
     return out
+
+
+def rank_correlations(rows: list[dict]) -> dict[str, float]:
+    """Spearman's correlation of predicted with published throughput across
+    the GPUs of `rows` (one publisher's table of one model), per
+    `program_group`."""
+    out = {}
+    for name in dict.fromkeys(program_group(r["precision"]) for r in rows):
+        sel = [r for r in rows if program_group(r["precision"]) == name]
+        out[name] = spearman([r["published"] for r in sel], [r["predicted"] for r in sel])
+    return out
+
+
+def print_lambda_summary(nvidia: list[dict], lam: list[dict]) -> None:
+    """The closing lines of a harness with NVIDIA's and Lambda's tables (GNMT,
+    NCF): the rankings across Lambda's GPUs, the mean |error| of both."""
+    for name, rho in rank_correlations(lam).items():
+        print(f"Spearman across Lambda's GPUs, {name}: {rho:.2f}")
+    both = nvidia + lam
+    print(f"\nall: mean |error| {np.mean([abs(r['error_pct']) for r in both]):.1f} % "
+          f"over {len(both)} figures")
 
 SQUAD_SEQ = 384
 

@@ -50,7 +50,7 @@ import argparse
 
 import numpy as np
 
-from benchmarks.amp_published import lambda_source
+from benchmarks.amp_published import lambda_source, print_lambda_summary
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (the version of "
           "the pytorch-20.06-py3 container; stored copy: github.com/nlqq/NVIDIA-DeepLearningExamples "
@@ -144,19 +144,6 @@ def speedups(rows: list[dict]) -> list[tuple[str, float, float]]:
     return out
 
 
-def rank_correlations(rows: list[dict]) -> dict[str, float]:
-    """Spearman's correlation of predicted with published tokens/s across
-    the GPUs, per program (mixed precision; fp32 and TF32 together)."""
-    from benchmarks.amp_published import spearman
-
-    out = {}
-    for name, group in (("amp", ("amp",)), ("fp32/tf32", ("fp32", "tf32"))):
-        sel = [r for r in rows if r["precision"] in group]
-        if sel:
-            out[name] = spearman([r["published"] for r in sel], [r["predicted"] for r in sel])
-    return out
-
-
 def print_table(source: str, rows: list[dict]) -> None:
     print(source)
     cols = " | ".join(f"L = {s}" for s in LENGTHS)
@@ -184,11 +171,7 @@ def main(argv=None) -> int:
     lam = predict_rows(table=LAMBDA)
     print()
     print_table(LAMBDA_SOURCE, lam)
-    for name, rho in rank_correlations(lam).items():
-        print(f"Spearman across Lambda's GPUs, {name}: {rho:.2f}")
-    both = nvidia + lam
-    print(f"\nall: mean |error| {np.mean([abs(r['error_pct']) for r in both]):.1f} % "
-          f"over {len(both)} figures")
+    print_lambda_summary(nvidia, lam)
     return 0
 
 

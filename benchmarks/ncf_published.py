@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.amp_published import lambda_source
+from benchmarks.amp_published import lambda_source, print_lambda_summary
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Recommendation/NCF/README.md (commit 05ee986), "
           "'Training performance results', 1 GPU, batch 1,048,576, PyTorch 21.04 NGC container")
@@ -135,8 +135,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
     args = ap.parse_args(argv)
-    from benchmarks.gnmt_published import rank_correlations
-
     nvidia, lam = predict_rows(), predict_rows(LAMBDA)
     for source, rows in ((SOURCE, nvidia), (LAMBDA_SOURCE, lam)):
         print(source)
@@ -149,11 +147,7 @@ def main(argv=None) -> int:
                   f"{r['error_pct']:+.1f} % | {r['step_ms']:.1f} |")
         print_summary(rows, args.breakdown)
         print()
-    for name, rho in rank_correlations(lam).items():
-        print(f"Spearman across Lambda's GPUs, {name}: {rho:.2f}")
-    both = nvidia + lam
-    print(f"\nall: mean |error| {np.mean([abs(r['error_pct']) for r in both]):.1f} % "
-          f"over {len(both)} figures")
+    print_lambda_summary(nvidia, lam)
     return 0
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import predictor
 from benchmarks import ncf_published as ncf
+from benchmarks.amp_published import rank_correlations
 
 
 def test_the_model_has_neumfs_parameters():
@@ -33,8 +34,6 @@ def test_lambdas_gpus_in_fp32_and_tf32_come_out_in_the_published_order():
     measured); its mixed-precision column does not (0.73: its A100 80GB and
     H100 figures at 10 million samples lie below the A100 40GB PCIe's at 7.5
     million), so it is reported, not tested."""
-    from benchmarks.gnmt_published import rank_correlations
-
     known = set(predictor.gpus()["id"])
     assert all(g in known and b > 0 for g, _, b, _ in ncf.LAMBDA)
     rows = ncf.predict_rows(ncf.LAMBDA)
