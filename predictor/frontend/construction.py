@@ -29,6 +29,7 @@ import contextlib
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
@@ -43,7 +44,7 @@ _VALUES = {torch.tensor, torch.as_tensor}
 
 
 def _number(x: Any) -> bool:
-    return isinstance(x, (int, float, bool)) and not isinstance(x, torch.SymInt)
+    return isinstance(x, (int, float, bool))
 
 
 def _on_cpu(kwargs: dict) -> bool:
@@ -86,12 +87,10 @@ def _factory_is_constant(func: Any, args: tuple, kwargs: dict) -> bool:
         return (all(_number(a) for a in args[:2]) and _number(steps)
                 and 0 <= steps <= MAX_ELEMENTS)
     if func in _VALUES:
+        # Called with no tensor among its arguments (_RealConstants): data is
+        # Python numbers or an array.
         data = args[0] if args else kwargs.get("data")
-        if isinstance(data, torch.Tensor):
-            return not isinstance(data, FakeTensor) and data.numel() <= MAX_ELEMENTS
         try:
-            import numpy as np
-
             return int(np.asarray(data).size) <= MAX_ELEMENTS
         except Exception:  # noqa: BLE001 - not array-like: leave it to the fake mode
             return False
