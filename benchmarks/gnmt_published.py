@@ -24,14 +24,21 @@ fp16, fp32 master weights for the optimizer, dynamic loss scaling; "TF32"
 figure is (source + target tokens) over the wall time of each iteration,
 averaged; batches are bucketed by length up to 50 tokens.
 
-Traced here at batch 128 with source and target of L tokens, predicted
-tokens/s = 2 x 128 x L over the predicted step. The step is nearly
-proportional to L, so the figure moves little with it; the table gives L = 25
-and 50. Mixed precision is traced two ways: under `amp="fp16"` (autocast: the
-LSTMs and GEMMs in fp16, softmax and loss in fp32, fp32 weights cast every
-step, fp32 Adam; the headline) and as a half-precision model
-(`dtype="float16"`: O2's fp16 activations everywhere, but its optimizer in
-fp16 too, without O2's fp32 master weights).
+Each step is traced at the padded length its batch runs at, and the
+prediction is averaged as the script averages its figure. The script buckets
+its batches by length (`padded_length`, `bucket_mix`): every batch comes from
+one of five length buckets and is padded to that bucket's limit, 9, 19, 29,
+39 or 50 tokens a side, while the figure counts real tokens only, a quarter
+fewer. Predicted tokens/s = the mean over batches of their real tokens over
+the predicted step at their padded length. Mixed precision is traced two
+ways: under `amp="fp16"` (autocast: the LSTMs and GEMMs in fp16, softmax and
+loss in fp32, fp32 weights cast every step, fp32 Adam; the headline) and as
+a half-precision model (`dtype="float16"`: O2's fp16 activations
+everywhere, but its optimizer in fp16 too, without O2's fp32 master
+weights). Not modelled: the first encoder layer runs packed sequences, so
+its two directions skip the padding (about a tenth of the recurrent work),
+and Lambda's runs train on a 160,078-pair part of the corpus with a
+31,800-token vocabulary where the zoo's classifier has NVIDIA's 32,320.
 
 A second table, ten GPUs from a Quadro RTX 8000 to an H100 PCIe: Lambda's
 PyTorch benchmark (`LAMBDA`), the same DeepLearningExamples script in the
@@ -40,14 +47,20 @@ took. Its "fp32" column is TF32 on Ampere and newer: NGC containers switch
 TF32 on for cuBLAS (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE) and PyTorch for
 cuDNN, and the script's `--math fp32` leaves both as they are. Its fp16
 column is the script's `--math fp16`, apex O2 as above. Each row is priced at
-its own batch; Spearman's rank correlation across the ten GPUs says whether
-they come out in the published order.
+its own batch, over the batches its run logged (Lambda's result logs, every
+tenth iteration's wall time and tokens/s: `LOGS`), which give each logged
+batch's real tokens and so its bucket; the published figure is the last
+epoch's mean of the per-iteration rates. NVIDIA's runs, over the full
+corpus, are priced over the bucket mix pooled from those logs. Spearman's
+rank correlation across the ten GPUs says whether they come out in the
+published order.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+from pathlib import Path
 
 import numpy as np
 
@@ -92,51 +105,159 @@ LAMBDA = [
     ("RTX-4090", "tf32", 288, 84598),
     ("H100-PCIE-80GB", "tf32", 1024, 162431),
 ]
-LENGTHS = (25, 50)
 OPTIMIZER = "adam-loop+clip"
+
+# Lambda's logs of the runs above (pytorch/results/<folder>/PyTorch_gnmt_FP16|FP32/
+# at the same commit; each file names its log): every tenth iteration's
+# wall time and tokens/s as printed, one file per run
+# (benchmarks/data/lambda_gnmt/<folder>__<FP16|FP32>.tsv).
+LOGS = Path(__file__).resolve().parent / "data" / "lambda_gnmt"
+LOG_FOLDERS = {
+    "QuadroRTX8000_v1": "QUADRO-RTX-8000", "LambdaCloud_V100_16GB_v1": "V100-SXM2-16GB",
+    "3090_v1": "RTX-3090", "LambdaCloud_A100_40GB_PCIe_v1": "A100-PCIE-40GB",
+    "A100_80GB_PCIe_v1": "A100-PCIE-80GB", "A100_80GB_SXM4_v1": "A100-SXM4-80GB",
+    "AdaA6000_v1": "RTX-6000-ADA", "A6000_v1": "RTX-A6000", "4090_v1": "RTX-4090",
+    "H100_80GB_PCIe5_v1": "H100-PCIE-80GB",
+}
+NO_TF32 = ("QUADRO-RTX-8000", "V100-SXM2-16GB")
+
+# The script's batching (seq2seq/data/sampler.py, BucketingSampler, and
+# train.py's defaults): sentence pairs of at most 50 tokens a side (BOS and
+# EOS included) fall into 5 buckets of width 10 by the longer side, the last
+# also taking 50; every batch is drawn from one bucket and padded to its
+# longest source and its longest target. At these batch sizes (128 or more
+# from a bucket) the longest is the bucket's limit, so a batch of bucket k
+# runs at L = 10k + 9 tokens a side (50 in the last), whatever its sentences'
+# own lengths: a quarter of the positions are padding on average. The
+# published figure counts real tokens (source + target - 1) and is the
+# mean over an epoch's iterations of each one's tokens / wall time.
+BUCKET_WIDTH = 10
+MAX_LEN = 50
+BUCKETS = 5
+
+
+def padded_length(tokens_a_side: float) -> int:
+    """The padded length of a bucketed batch whose sentences have
+    `tokens_a_side` real tokens a side on average. A bucket's sentences
+    average 6.7, 13.5, 22.5, 31.5 and 40.8 tokens a side in Lambda's logs,
+    each well inside its bucket, so the mean says the bucket."""
+    k = min(int(tokens_a_side // BUCKET_WIDTH), BUCKETS - 1)
+    return MAX_LEN if k == BUCKETS - 1 else BUCKET_WIDTH * (k + 1) - 1
+
+
+def _program(gpu: str, math: str) -> str:
+    if math == "fp16":
+        return "amp"
+    return "fp32" if gpu in NO_TF32 else "tf32"
+
+
+def read_log(path: Path) -> dict:
+    """One run's log: GPU, program, batch, the figure Lambda publishes (its
+    last epoch's training tokens/s) and the logged iterations (epoch, i,
+    wall s, tokens/s)."""
+    folder, math = path.stem.split("__")
+    meta = {}
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            if "train_batch_size=" in line:
+                meta["batch"] = int(line.split("=")[1])
+            elif "Performance:" in line:
+                meta["published"] = float(line.split("Training:")[1].split()[0])
+        elif line and line[0].isdigit():
+            ep, i, _n, t, _ta, _d, tok, _tka = line.split("\t")
+            rows.append((int(ep), int(i), float(t), float(tok)))
+    gpu = LOG_FOLDERS[folder]
+    return {"gpu": gpu, "precision": _program(gpu, math.lower()), "batch": meta["batch"],
+            "published": meta["published"], "iterations": np.array(rows, dtype=float),
+            "file": path.name}
 
 
 @functools.lru_cache(maxsize=None)
-def _graphs(lengths: tuple) -> dict:
-    """The traced steps by (precision, length), once per process: both tables
-    price the same graphs (read, never changed)."""
+def lambda_logs() -> tuple:
+    return tuple(read_log(p) for p in sorted(LOGS.glob("*.tsv")))
+
+
+def logged_batches(log: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(padded length, real tokens, wall s) of each logged iteration but the
+    first of an epoch, whose time is the data loader's start."""
+    it = log["iterations"]
+    it = it[it[:, 1] > 0]
+    tokens = it[:, 2] * it[:, 3]
+    lengths = np.array([padded_length(t / (2 * log["batch"])) for t in tokens])
+    return lengths, tokens, it[:, 2]
+
+
+@functools.lru_cache(maxsize=None)
+def bucket_mix() -> tuple:
+    """((padded length, share of batches, real tokens a side), ...) pooled
+    over every logged iteration of Lambda's twenty runs: the corpus's length
+    mix under the script's bucketing (Lambda's 148,120 pairs of WMT16
+    English-German; NVIDIA's runs take the full corpus, assumed to mix alike)."""
+    lengths, sides = [], []
+    for log in lambda_logs():
+        ln, tok, _ = logged_batches(log)
+        lengths.append(ln)
+        sides.append(tok / (2 * log["batch"]))
+    lengths, sides = np.concatenate(lengths), np.concatenate(sides)
+    return tuple((int(n), float(np.mean(lengths == n)), float(sides[lengths == n].mean()))
+                 for n in np.unique(lengths))
+
+
+@functools.lru_cache(maxsize=None)
+def _graph(precision: str, seq: int):
+    """The traced step at `seq` tokens a side, once per process (read, never
+    changed)."""
     import predictor
 
-    graphs = {}
-    for seq in lengths:
-        graphs[("fp32", seq)] = predictor.trace("gnmt", batch_size=BATCH, seq_len=seq,
-                                                optimizer=OPTIMIZER)
-        graphs[("tf32", seq)] = graphs[("fp32", seq)]
-        graphs[("amp", seq)] = predictor.trace("gnmt", batch_size=BATCH, seq_len=seq,
-                                               optimizer=OPTIMIZER, amp="fp16")
-    return graphs
+    return predictor.trace("gnmt", batch_size=BATCH, seq_len=seq, optimizer=OPTIMIZER,
+                           amp="fp16" if precision == "amp" else None)
 
 
-def predict_rows(lengths=LENGTHS, table=None) -> list[dict]:
+def step_s(gpu: str, precision: str, batch: int, seq: int, dtype=None) -> float:
+    """Predicted seconds of one step of `batch` pairs padded to `seq`."""
+    import predictor
+
+    graph = _graph("fp32" if dtype else precision, seq)
+    p = predictor.predict(graph, gpu, batch_size=batch, tf32_matmul=precision == "tf32",
+                          **({"dtype": dtype} if dtype else {}))
+    return p.iteration_ms / 1e3
+
+
+def _log_for(gpu: str, precision: str, batch: int) -> dict | None:
+    for log in lambda_logs():
+        if (log["gpu"], log["precision"], log["batch"]) == (gpu, precision, batch):
+            return log
+    return None
+
+
+def _predicted_rate(gpu, precision, batch, dtype=None) -> tuple[float, float | None]:
+    """(predicted tokens/s as the script averages it, median per-iteration
+    error of the step or None). With a log of the run: the mean over its
+    logged batches of their real tokens over the predicted step at their
+    padded length; without one: the same over the pooled bucket mix."""
+    log = _log_for(gpu, precision, batch)
+    if log is not None:
+        lengths, tokens, wall = logged_batches(log)
+        steps = {int(n): step_s(gpu, precision, batch, int(n), dtype) for n in np.unique(lengths)}
+        pred = np.array([steps[int(n)] for n in lengths])
+        return float(np.mean(tokens / pred)), float(100 * np.median(wall / pred - 1))
+    rate = sum(share * 2 * batch * side / step_s(gpu, precision, batch, n, dtype)
+               for n, share, side in bucket_mix())
+    return float(rate), None
+
+
+def predict_rows(table=None) -> list[dict]:
     """One dict per published figure of `table` (default PUBLISHED;
-    LAMBDA): the predicted tokens/s at each length, and the errors of their
-    mean."""
-    import predictor
-
-    graphs = _graphs(tuple(lengths))
+    LAMBDA): the predicted tokens/s of the script's bucketed batches and its
+    error; for mixed precision also the figure as a half-precision model."""
     out = []
     for gpu, prec, batch, published in (PUBLISHED if table is None else table):
         row = {"gpu": gpu, "precision": prec, "batch": batch, "published": published}
-        main, half = [], []
-        for seq in lengths:
-            tokens = 2 * batch * seq
-            p = predictor.predict(graphs[(prec, seq)], gpu, batch_size=batch,
-                                  tf32_matmul=prec == "tf32")
-            main.append(tokens / p.iteration_ms * 1e3)
-            row[f"L{seq}"] = main[-1]
-            if prec == "amp":
-                h = predictor.predict(graphs[("fp32", seq)], gpu, batch_size=batch,
-                                      dtype="float16")
-                half.append(tokens / h.iteration_ms * 1e3)
-        row["predicted"] = float(np.mean(main))
+        row["predicted"], row["step_error_pct"] = _predicted_rate(gpu, prec, batch)
         row["error_pct"] = 100 * (row["predicted"] / published - 1)
-        if half:
-            row["half_model"] = float(np.mean(half))
+        if prec == "amp":
+            row["half_model"] = _predicted_rate(gpu, prec, batch, dtype="float16")[0]
             row["half_model_error_pct"] = 100 * (row["half_model"] / published - 1)
         out.append(row)
     return out
@@ -157,32 +278,57 @@ def speedups(rows: list[dict]) -> list[tuple[str, float, float]]:
 
 def print_table(source: str, rows: list[dict]) -> None:
     print(source)
-    cols = " | ".join(f"L = {s}" for s in LENGTHS)
-    print(f"\n| GPU | precision | batch | published tokens/s | predicted, {cols} | mean | error "
-          "| as a half-precision model |")
-    print("| --- | --- | ---: | ---: |" + " ---: |" * len(LENGTHS) + " ---: | ---: | ---: |")
+    print("\n| GPU | precision | batch | published tokens/s | predicted | error "
+          "| median step error | as a half-precision model |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         half = (f"{r['half_model']:,.0f} ({r['half_model_error_pct']:+.1f} %)"
                 if "half_model" in r else "-")
-        lens = " | ".join(f"{r[f'L{s}']:,.0f}" for s in LENGTHS)
-        print(f"| {r['gpu']} | {r['precision']} | {r['batch']:,} | {r['published']:,} | {lens} | "
-              f"{r['predicted']:,.0f} | {r['error_pct']:+.1f} % | {half} |")
+        step = "-" if r["step_error_pct"] is None else f"{r['step_error_pct']:+.1f} %"
+        print(f"| {r['gpu']} | {r['precision']} | {r['batch']:,} | {r['published']:,} | "
+              f"{r['predicted']:,.0f} | {r['error_pct']:+.1f} % | {step} | {half} |")
     errs = [abs(r["error_pct"]) for r in rows]
     print(f"\nmean |error| {np.mean(errs):.1f} % over {len(rows)} figures")
     for gpu, pub, pred in speedups(rows):
         print(f"{gpu}: mixed-precision speedup published {pub:.2f}x, predicted {pred:.2f}x")
 
 
+def print_buckets() -> None:
+    """Per run and padded length: the logged steps' median wall time against
+    the predicted step."""
+    print("| GPU | precision | batch | " + " | ".join(f"L = {n}: logged / predicted ms"
+                                                     for n, _, _ in bucket_mix()) + " |")
+    print("| --- | --- | ---: |" + " ---: |" * len(bucket_mix()))
+    for log in lambda_logs():
+        lengths, _, wall = logged_batches(log)
+        cells = []
+        for n, _, _ in bucket_mix():
+            sel = wall[lengths == n]
+            cells.append("-" if sel.size == 0 else
+                         f"{1e3 * np.median(sel):.0f} / "
+                         f"{1e3 * step_s(log['gpu'], log['precision'], log['batch'], n):.0f} "
+                         f"({sel.size})")
+        print(f"| {log['gpu']} | {log['precision']} | {log['batch']:,} | " + " | ".join(cells) + " |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args(argv)
+    ap.add_argument("--buckets", action="store_true",
+                    help="also print, per Lambda run and padded length, the logged steps' "
+                         "median time against the predicted step")
+    args = ap.parse_args(argv)
+    print("bucket mix (padded tokens a side, share of batches, real tokens a side): "
+          + ", ".join(f"{n}: {w:.3f}, {s:.1f}" for n, w, s in bucket_mix()))
     nvidia = predict_rows()
     print_table(SOURCE, nvidia)
     lam = predict_rows(table=LAMBDA)
     print()
     print_table(LAMBDA_SOURCE, lam)
     print_lambda_summary(nvidia, lam)
+    if args.buckets:
+        print()
+        print_buckets()
     return 0
 
 
