@@ -28,6 +28,9 @@ one publisher: the two run different batch sizes and software).
 from __future__ import annotations
 
 import argparse
+import csv
+import functools
+from pathlib import Path
 
 import numpy as np
 
@@ -361,28 +364,69 @@ def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> l
 # Lambda's BERT SQuAD runs stop after 100 optimizer steps (`max_steps` "100"
 # in pytorch/scripts/config_v1/config_pytorch_*.sh), and run_squad.py divides
 # batch x 100 by the wall time of its whole training loop, the first steps'
-# start-up included (its loop runs 101 steps: it breaks once global_step
-# exceeds max_steps).
+# start-up included. Their logs also print a progress bar whose rate
+# (tqdm's smoothed iterations per second) gives each run's own step time:
+# copied for iterations 15, 50 and 100 to LAMBDA_BERT_LOGS.
 LAMBDA_BERT_STEPS = 100
+LAMBDA_BERT_LOGS = Path(__file__).resolve().parent / "data" / "lambda_bert" / "tqdm_rates.tsv"
+_BERT_FOLDERS = {
+    "QuadroRTX8000_v1": "QUADRO-RTX-8000", "LambdaCloud_V100_16GB_v1": "V100-SXM2-16GB",
+    "3090_v1": "RTX-3090", "LambdaCloud_A100_40GB_PCIe_v1": "A100-PCIE-40GB",
+    "A100_80GB_PCIe_v1": "A100-PCIE-80GB", "A100_80GB_SXM4_v1": "A100-SXM4-80GB",
+    "AdaA6000_v1": "RTX-6000-ADA", "A6000_v1": "RTX-A6000", "4090_v1": "RTX-4090",
+    "H100_80GB_PCIe5_v1": "H100-PCIE-80GB",
+}
 
 
-def implied_startup(rows) -> list[dict]:
-    """For Lambda's BERT SQuAD rows: the seconds outside the predicted steps
-    that the published figure implies if each step took what is predicted,
-    `batch x 100 / published - 101 x predicted step`. A diagnostic, not a
-    fit: a start-up cost inside the timed loop would show as a similar figure
-    on every precision of one machine, a mispriced step as one growing with
-    the step's time."""
+def _seconds_per_step(rate: str) -> float:
+    """tqdm's printed rate ('1.43it/s' or '1.27s/it') as seconds a step."""
+    if rate.endswith("it/s"):
+        return 1.0 / float(rate[:-4])
+    if rate.endswith("s/it"):
+        return float(rate[:-4])
+    raise ValueError(f"not a tqdm rate: {rate!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def lambda_bert_logs() -> dict:
+    """{(model, GPU, precision, batch): {"step_s": at iteration 100, "early_step_s": at
+    15, "e2e_s", "published"}} from Lambda's BERT logs (precision "fp32" or
+    "tf32" as the PUBLISHED rows name it)."""
+    out = {}
+    lines = [ln for ln in LAMBDA_BERT_LOGS.read_text().splitlines() if not ln.startswith("#")]
+    for row in csv.DictReader(lines, delimiter="\t"):
+        gpu = _BERT_FOLDERS[row["folder"]]
+        size = "large" if "large" in row["subfolder"] else "base"
+        fp16 = row["subfolder"].endswith("FP16")
+        prec = "amp" if fp16 else ("fp32" if gpu in ("QUADRO-RTX-8000", "V100-SXM2-16GB")
+                                   else "tf32")
+        out[(f"bert-{size}-squad", gpu, prec, int(row["train_batch_size"]))] = {
+            "step_s": _seconds_per_step(row["rate_iter100"]),
+            "early_step_s": _seconds_per_step(row["rate_iter15"]),
+            "e2e_s": float(row["e2e_train_time"]),
+            "published": float(row["training_sequences_per_second"]),
+        }
+    return out
+
+
+def logged_steps(rows) -> list[dict]:
+    """For Lambda's BERT SQuAD rows with a log: the run's own step time (at
+    iteration 100) against the predicted step, how much slower its steps ran
+    at iteration 100 than at 15 (`drift_pct`), and the seconds of its timed
+    loop outside 100 such steps (`outside_s`, the start-up)."""
+    logs = lambda_bert_logs()
     out = []
     for r in rows:
-        if r["model"] not in SQUAD_MODELS or publisher(r["source"]) != "Lambda":
+        log = logs.get((r["model"], r["gpu"], r["precision"], r["batch"]))
+        if log is None or publisher(r["source"]) != "Lambda":
             continue
         step_s = r["batch"] / r["predicted"]
-        timed_s = r["batch"] * LAMBDA_BERT_STEPS / r["published"]
-        outside = timed_s - (LAMBDA_BERT_STEPS + 1) * step_s
         out.append({"model": r["model"], "gpu": r["gpu"], "precision": r["precision"],
-                    "batch": r["batch"], "step_ms": 1e3 * step_s, "timed_s": timed_s, "outside_s": outside,
-                    "outside_pct": 100.0 * outside / timed_s})
+                    "batch": r["batch"], "logged_ms": 1e3 * log["step_s"],
+                    "predicted_ms": 1e3 * step_s,
+                    "step_error_pct": 100.0 * (step_s / log["step_s"] - 1),
+                    "drift_pct": 100.0 * (log["step_s"] / log["early_step_s"] - 1),
+                    "outside_s": log["e2e_s"] - LAMBDA_BERT_STEPS * log["step_s"]})
     return out
 
 
@@ -454,16 +498,18 @@ def main(argv=None) -> int:
     for model in dict.fromkeys(r["model"] for r in rows):
         e = np.array([abs(r["error_pct"]) for r in rows if r["model"] == model])
         print(f"{model}: mean |error| {e.mean():.1f} % over {len(e)} figures")
-    startup = implied_startup(rows)
-    if startup:
-        print("\nLambda's BERT SQuAD runs: seconds outside the predicted steps that each "
-              f"published figure implies ({LAMBDA_BERT_STEPS} timed steps):\n")
-        print("| model | GPU | precision | batch | predicted step ms | timed s | outside s "
-              "| share |")
-        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
-        for r in startup:
-            print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | {r['step_ms']:.1f} | "
-                  f"{r['timed_s']:.1f} | {r['outside_s']:.1f} | {r['outside_pct']:.1f} % |")
+    logged = logged_steps(rows)
+    if logged:
+        print("\nLambda's BERT SQuAD runs, their logged steps (the progress bar's rate at "
+              "iteration 100) against the predicted ones; drift: the logged step at 100 "
+              "against at 15; outside: the timed loop less 100 logged steps:\n")
+        print("| model | GPU | precision | batch | logged step ms | predicted | error | drift "
+              "| outside s |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in logged:
+            print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | "
+                  f"{r['logged_ms']:.0f} | {r['predicted_ms']:.0f} | {r['step_error_pct']:+.1f} % | "
+                  f"{r['drift_pct']:+.1f} % | {r['outside_s']:.1f} |")
     factors = implied_memory_factor(rows)
     if factors:
         print("\nLambda's ResNet-50 runs: the factor on the bytes-priced rows' time that each "
