@@ -369,13 +369,24 @@ def run(models=None, table=None, mode: str = "train", bert_amp: str = "o2") -> l
 # copied for iterations 15, 50 and 100 to LAMBDA_BERT_LOGS.
 LAMBDA_BERT_STEPS = 100
 LAMBDA_BERT_LOGS = Path(__file__).resolve().parent / "data" / "lambda_bert" / "tqdm_rates.tsv"
-_BERT_FOLDERS = {
+# Lambda's result folders (pytorch/results/<folder>/) of its single-GPU rows.
+LAMBDA_FOLDERS = {
     "QuadroRTX8000_v1": "QUADRO-RTX-8000", "LambdaCloud_V100_16GB_v1": "V100-SXM2-16GB",
     "3090_v1": "RTX-3090", "LambdaCloud_A100_40GB_PCIe_v1": "A100-PCIE-40GB",
     "A100_80GB_PCIe_v1": "A100-PCIE-80GB", "A100_80GB_SXM4_v1": "A100-SXM4-80GB",
     "AdaA6000_v1": "RTX-6000-ADA", "A6000_v1": "RTX-A6000", "4090_v1": "RTX-4090",
     "H100_80GB_PCIe5_v1": "H100-PCIE-80GB",
 }
+# Lambda's boards without TF32: their fp32 column is plain fp32.
+LAMBDA_NO_TF32 = ("QUADRO-RTX-8000", "V100-SXM2-16GB")
+
+
+def lambda_precision(gpu: str, fp16: bool) -> str:
+    """The precision a Lambda run's column is on `gpu`: "amp" for its fp16
+    column, "fp32" or "tf32" (where the GPU has TF32) for its fp32 one."""
+    if fp16:
+        return "amp"
+    return "fp32" if gpu in LAMBDA_NO_TF32 else "tf32"
 
 
 def _seconds_per_step(rate: str) -> float:
@@ -395,11 +406,9 @@ def lambda_bert_logs() -> dict:
     out = {}
     lines = [ln for ln in LAMBDA_BERT_LOGS.read_text().splitlines() if not ln.startswith("#")]
     for row in csv.DictReader(lines, delimiter="\t"):
-        gpu = _BERT_FOLDERS[row["folder"]]
+        gpu = LAMBDA_FOLDERS[row["folder"]]
         size = "large" if "large" in row["subfolder"] else "base"
-        fp16 = row["subfolder"].endswith("FP16")
-        prec = "amp" if fp16 else ("fp32" if gpu in ("QUADRO-RTX-8000", "V100-SXM2-16GB")
-                                   else "tf32")
+        prec = lambda_precision(gpu, row["subfolder"].endswith("FP16"))
         out[(f"bert-{size}-squad", gpu, prec, int(row["train_batch_size"]))] = {
             "step_s": _seconds_per_step(row["rate_iter100"]),
             "early_step_s": _seconds_per_step(row["rate_iter15"]),

@@ -64,7 +64,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.amp_published import lambda_source, print_lambda_summary
+from benchmarks.amp_published import (LAMBDA_FOLDERS, lambda_precision, lambda_source,
+                                      print_lambda_summary)
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (the version of "
           "the pytorch-20.06-py3 container; stored copy: github.com/nlqq/NVIDIA-DeepLearningExamples "
@@ -108,18 +109,10 @@ LAMBDA = [
 OPTIMIZER = "adam-loop+clip"
 
 # Lambda's logs of the runs above (pytorch/results/<folder>/PyTorch_gnmt_FP16|FP32/
-# at the same commit; each file names its log): every tenth iteration's
+# in the same repository; each file names its log): every tenth iteration's
 # wall time and tokens/s as printed, one file per run
 # (benchmarks/data/lambda_gnmt/<folder>__<FP16|FP32>.tsv).
 LOGS = Path(__file__).resolve().parent / "data" / "lambda_gnmt"
-LOG_FOLDERS = {
-    "QuadroRTX8000_v1": "QUADRO-RTX-8000", "LambdaCloud_V100_16GB_v1": "V100-SXM2-16GB",
-    "3090_v1": "RTX-3090", "LambdaCloud_A100_40GB_PCIe_v1": "A100-PCIE-40GB",
-    "A100_80GB_PCIe_v1": "A100-PCIE-80GB", "A100_80GB_SXM4_v1": "A100-SXM4-80GB",
-    "AdaA6000_v1": "RTX-6000-ADA", "A6000_v1": "RTX-A6000", "4090_v1": "RTX-4090",
-    "H100_80GB_PCIe5_v1": "H100-PCIE-80GB",
-}
-NO_TF32 = ("QUADRO-RTX-8000", "V100-SXM2-16GB")
 
 # The script's batching (seq2seq/data/sampler.py, BucketingSampler, and
 # train.py's defaults): sentence pairs of at most 50 tokens a side (BOS and
@@ -145,12 +138,6 @@ def padded_length(tokens_a_side: float) -> int:
     return MAX_LEN if k == BUCKETS - 1 else BUCKET_WIDTH * (k + 1) - 1
 
 
-def _program(gpu: str, math: str) -> str:
-    if math == "fp16":
-        return "amp"
-    return "fp32" if gpu in NO_TF32 else "tf32"
-
-
 def read_log(path: Path) -> dict:
     """One run's log: GPU, program, batch, the figure Lambda publishes (its
     last epoch's training tokens/s) and the logged iterations (epoch, i,
@@ -167,8 +154,8 @@ def read_log(path: Path) -> dict:
         elif line and line[0].isdigit():
             ep, i, _n, t, _ta, _d, tok, _tka = line.split("\t")
             rows.append((int(ep), int(i), float(t), float(tok)))
-    gpu = LOG_FOLDERS[folder]
-    return {"gpu": gpu, "precision": _program(gpu, math.lower()), "batch": meta["batch"],
+    gpu = LAMBDA_FOLDERS[folder]
+    return {"gpu": gpu, "precision": lambda_precision(gpu, math == "FP16"), "batch": meta["batch"],
             "published": meta["published"], "iterations": np.array(rows, dtype=float),
             "file": path.name}
 

@@ -9,7 +9,7 @@ import pytest
 
 import predictor
 from benchmarks import gnmt_published as gp
-from benchmarks.amp_published import rank_correlations
+from benchmarks.amp_published import lambda_precision, rank_correlations
 
 
 def test_rows_are_well_formed():
@@ -21,7 +21,7 @@ def test_rows_are_well_formed():
     # Lambda's fp32 column runs TF32 wherever the GPU has it (NGC's default)
     for gpu, precision, _, _ in gp.LAMBDA:
         if precision != "amp":
-            assert (precision == "tf32") == (gpu not in gp.NO_TF32)
+            assert precision == lambda_precision(gpu, fp16=False)
 
 
 def test_every_lambda_figure_is_its_logs_last_epoch():
