@@ -299,12 +299,70 @@ def print_buckets() -> None:
         print(f"| {log['gpu']} | {log['precision']} | {log['batch']:,} | " + " | ".join(cells) + " |")
 
 
+def step_points() -> list[dict]:
+    """One point per Lambda run and padded length: the logged steps' median
+    wall time and the predicted step (ms)."""
+    out = []
+    for log in lambda_logs():
+        lengths, _, wall = logged_batches(log)
+        for n in np.unique(lengths):
+            sel = wall[lengths == n]
+            out.append({"gpu": log["gpu"], "precision": log["precision"], "length": int(n),
+                        "batches": int(sel.size), "logged_ms": 1e3 * float(np.median(sel)),
+                        "predicted_ms": 1e3 * step_s(log["gpu"], log["precision"],
+                                                     log["batch"], int(n))})
+    return out
+
+
+def plot_steps(points: list[dict], path) -> Path:
+    """Predicted against logged step, log-log, one marker per program."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from predictor.io import atomic_writer
+
+    fig = Figure(figsize=(6.4, 6.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    logged = np.array([q["logged_ms"] for q in points])
+    pred = np.array([q["predicted_ms"] for q in points])
+    lo, hi = min(logged.min(), pred.min()) / 1.5, max(logged.max(), pred.max()) * 1.5
+    xs = np.geomspace(lo, hi, 50)
+    ax.plot(xs, xs, color="black", lw=1)
+    ax.fill_between(xs, xs / 1.2, xs * 1.2, color="0.9", label="±20 %")
+    markers = {"amp": "o", "tf32": "s", "fp32": "^"}
+    for prec, marker in markers.items():
+        sel = [q for q in points if q["precision"] == prec]
+        if sel:
+            ax.scatter([q["logged_ms"] for q in sel], [q["predicted_ms"] for q in sel],
+                       marker=marker, label=prec, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("logged step, median (ms)")
+    ax.set_ylabel("predicted step at the padded length (ms)")
+    err = np.abs(pred / logged - 1)
+    ax.set_title(f"GNMT, Lambda's runs: {len(points)} (GPU, precision, length) points, "
+                 f"median |error| {100 * np.median(err):.1f} %", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, which="both", lw=0.3)
+    path = Path(path)
+    with atomic_writer(path) as fh:
+        fig.savefig(fh, format=path.suffix.lstrip(".").lower() or "png", dpi=120,
+                    bbox_inches="tight")
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--buckets", action="store_true",
                     help="also print, per Lambda run and padded length, the logged steps' "
                          "median time against the predicted step")
+    ap.add_argument("--plot", metavar="FILE", default=None,
+                    help="also draw the logged against the predicted steps (per run and padded "
+                         "length, log-log) into FILE (.png, .svg, .pdf)")
     args = ap.parse_args(argv)
     print("bucket mix (padded tokens a side, share of batches, real tokens a side): "
           + ", ".join(f"{n}: {w:.3f}, {s:.1f}" for n, w, s in bucket_mix()))
@@ -317,6 +375,8 @@ def main(argv=None) -> int:
     if args.buckets:
         print()
         print_buckets()
+    if args.plot:
+        print(f"\nwrote {plot_steps(step_points(), args.plot)}")
     return 0
 
 

@@ -91,3 +91,12 @@ def test_gnmt_is_priced_near_the_published_figures():
     assert len(speedups) == 2
     for gpu, published, predicted in speedups:
         assert abs(predicted / published - 1) < 0.25, (gpu, published, predicted)
+
+
+def test_the_step_plot_draws_every_run_and_length(tmp_path):
+    points = gp.step_points()
+    assert len(points) > 80
+    assert all(q["logged_ms"] > 0 and q["predicted_ms"] > 0 and q["batches"] > 0 for q in points)
+    assert {q["length"] for q in points} == {9, 19, 29, 39, 50}
+    out = gp.plot_steps(points[:5], tmp_path / "steps.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
