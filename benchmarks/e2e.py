@@ -445,19 +445,11 @@ def write_csv(df, path: Path) -> None:
 
 def plot(df, path: Path, note: str = "") -> Path:
     """Predicted vs measured e2e, log-log, one colour per GPU, one marker per mode."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from benchmarks.plotting import identity_axes, new_figure, save
 
-    from predictor.io import atomic_writer as atomic_write
-
-    fig = Figure(figsize=(6.4, 6.0))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    lo = min(df.measured_ms.min(), df.predicted_ms.min()) / 1.5
-    hi = max(df.measured_ms.max(), df.predicted_ms.max()) * 1.5
-    xs = np.geomspace(lo, hi, 50)
-    ax.plot(xs, xs, color="black", lw=1)
-    ax.fill_between(xs, xs / 1.2, xs * 1.2, color="0.9", label="±20 %")
+    fig = new_figure()
+    ax = identity_axes(fig, df.measured_ms, df.predicted_ms, "measured iteration (ms)",
+                       "predicted iteration (ms)")
     colours = {}
     markers = {"train": "o", "inf": "^"}
     for gpu, grp in df.groupby("gpu", sort=True):
@@ -465,21 +457,10 @@ def plot(df, path: Path, note: str = "") -> Path:
             line = ax.scatter(sub.measured_ms, sub.predicted_ms, marker=markers.get(mode, "s"),
                               color=colours.get(gpu), label=f"{gpu} {mode}", zorder=3)
             colours.setdefault(gpu, line.get_facecolor()[0])
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured iteration (ms)")
-    ax.set_ylabel("predicted iteration (ms)")
     mean = df.err_pct.abs().mean()
     ax.set_title(f"end-to-end{note}: {len(df)} labels, mean |error| {mean:.1f} %", fontsize=11)
     ax.legend(fontsize=7, loc="upper left")
-    ax.grid(True, which="both", lw=0.3)
-    path = Path(path)
-    fmt = path.suffix.lstrip(".").lower() or "png"
-    with atomic_write(path) as fh:
-        fig.savefig(fh, format=fmt, dpi=120, bbox_inches="tight")
-    return path
+    return save(fig, path)
 
 
 # ------------------------------------------- per-family error breakdown ----

@@ -316,42 +316,23 @@ def step_points() -> list[dict]:
 
 def plot_steps(points: list[dict], path) -> Path:
     """Predicted against logged step, log-log, one marker per program."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from benchmarks.plotting import identity_axes, new_figure, save
 
-    from predictor.io import atomic_writer
-
-    fig = Figure(figsize=(6.4, 6.0))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
     logged = np.array([q["logged_ms"] for q in points])
     pred = np.array([q["predicted_ms"] for q in points])
-    lo, hi = min(logged.min(), pred.min()) / 1.5, max(logged.max(), pred.max()) * 1.5
-    xs = np.geomspace(lo, hi, 50)
-    ax.plot(xs, xs, color="black", lw=1)
-    ax.fill_between(xs, xs / 1.2, xs * 1.2, color="0.9", label="±20 %")
-    markers = {"amp": "o", "tf32": "s", "fp32": "^"}
-    for prec, marker in markers.items():
+    fig = new_figure()
+    ax = identity_axes(fig, logged, pred, "logged step, median (ms)",
+                       "predicted step at the padded length (ms)")
+    for prec, marker in {"amp": "o", "tf32": "s", "fp32": "^"}.items():
         sel = [q for q in points if q["precision"] == prec]
         if sel:
             ax.scatter([q["logged_ms"] for q in sel], [q["predicted_ms"] for q in sel],
                        marker=marker, label=prec, zorder=3)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("logged step, median (ms)")
-    ax.set_ylabel("predicted step at the padded length (ms)")
     err = np.abs(pred / logged - 1)
     ax.set_title(f"GNMT, Lambda's runs: {len(points)} (GPU, precision, length) points, "
                  f"median |error| {100 * np.median(err):.1f} %", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
-    ax.grid(True, which="both", lw=0.3)
-    path = Path(path)
-    with atomic_writer(path) as fh:
-        fig.savefig(fh, format=path.suffix.lstrip(".").lower() or "png", dpi=120,
-                    bbox_inches="tight")
-    return path
+    return save(fig, path)
 
 
 def main(argv=None) -> int:
