@@ -208,7 +208,7 @@ def step_s(gpu: str, precision: str, batch: int, seq: int, dtype=None) -> float:
 
     graph = _graph("fp32" if dtype else precision, seq)
     p = predictor.predict(graph, gpu, batch_size=batch, tf32_matmul=precision == "tf32",
-                          **({"dtype": dtype} if dtype else {}))
+                          dtype=dtype)
     return p.iteration_ms / 1e3
 
 
@@ -281,24 +281,6 @@ def print_table(source: str, rows: list[dict]) -> None:
         print(f"{gpu}: mixed-precision speedup published {pub:.2f}x, predicted {pred:.2f}x")
 
 
-def print_buckets() -> None:
-    """Per run and padded length: the logged steps' median wall time against
-    the predicted step."""
-    print("| GPU | precision | batch | " + " | ".join(f"L = {n}: logged / predicted ms"
-                                                     for n, _, _ in bucket_mix()) + " |")
-    print("| --- | --- | ---: |" + " ---: |" * len(bucket_mix()))
-    for log in lambda_logs():
-        lengths, _, wall = logged_batches(log)
-        cells = []
-        for n, _, _ in bucket_mix():
-            sel = wall[lengths == n]
-            cells.append("-" if sel.size == 0 else
-                         f"{1e3 * np.median(sel):.0f} / "
-                         f"{1e3 * step_s(log['gpu'], log['precision'], log['batch'], n):.0f} "
-                         f"({sel.size})")
-        print(f"| {log['gpu']} | {log['precision']} | {log['batch']:,} | " + " | ".join(cells) + " |")
-
-
 def step_points() -> list[dict]:
     """One point per Lambda run and padded length: the logged steps' median
     wall time and the predicted step (ms)."""
@@ -312,6 +294,23 @@ def step_points() -> list[dict]:
                         "predicted_ms": 1e3 * step_s(log["gpu"], log["precision"],
                                                      log["batch"], int(n))})
     return out
+
+
+def print_buckets() -> None:
+    """Per run and padded length (`step_points`): the logged steps' median
+    wall time against the predicted step."""
+    lengths = [n for n, _, _ in bucket_mix()]
+    points = {(q["gpu"], q["precision"], q["length"]): q for q in step_points()}
+    print("| GPU | precision | batch | " + " | ".join(f"L = {n}: logged / predicted ms"
+                                                     for n in lengths) + " |")
+    print("| --- | --- | ---: |" + " ---: |" * len(lengths))
+    for log in lambda_logs():
+        cells = []
+        for n in lengths:
+            q = points.get((log["gpu"], log["precision"], n))
+            cells.append("-" if q is None else
+                         f"{q['logged_ms']:.0f} / {q['predicted_ms']:.0f} ({q['batches']})")
+        print(f"| {log['gpu']} | {log['precision']} | {log['batch']:,} | " + " | ".join(cells) + " |")
 
 
 def plot_steps(points: list[dict], path) -> Path:
