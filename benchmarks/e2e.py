@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.plotting import identity_axes, new_figure, save
 from benchmarks.regression import add_extra_arguments, extra_files
 from predictor.kernels.roofline import LAUNCH_US
 
@@ -445,8 +446,6 @@ def write_csv(df, path: Path) -> None:
 
 def plot(df, path: Path, note: str = "") -> Path:
     """Predicted vs measured e2e, log-log, one colour per GPU, one marker per mode."""
-    from benchmarks.plotting import identity_axes, new_figure, save
-
     fig = new_figure()
     ax = identity_axes(fig, df.measured_ms, df.predicted_ms, "measured iteration (ms)",
                        "predicted iteration (ms)")

@@ -66,6 +66,7 @@ import numpy as np
 
 from benchmarks.amp_published import (LAMBDA_FOLDERS, lambda_precision, lambda_source,
                                       print_lambda_summary)
+from benchmarks.plotting import identity_axes, new_figure, save
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (the version of "
           "the pytorch-20.06-py3 container; stored copy: github.com/nlqq/NVIDIA-DeepLearningExamples "
@@ -315,8 +316,6 @@ def print_buckets() -> None:
 
 def plot_steps(points: list[dict], path) -> Path:
     """Predicted against logged step, log-log, one marker per program."""
-    from benchmarks.plotting import identity_axes, new_figure, save
-
     logged = np.array([q["logged_ms"] for q in points])
     pred = np.array([q["predicted_ms"] for q in points])
     fig = new_figure()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from predictor.io import atomic_writer
+
 
 def identity_axes(fig, measured, predicted, xlabel: str, ylabel: str):
     """One log-log axes on `fig` spanning both series, with y = x and a
@@ -39,8 +41,6 @@ def new_figure():
 
 def save(fig, path) -> Path:
     """Write `fig` to `path` atomically, in the format its suffix names."""
-    from predictor.io import atomic_writer
-
     path = Path(path)
     with atomic_writer(path) as fh:
         fig.savefig(fh, format=path.suffix.lstrip(".").lower() or "png", dpi=120,
