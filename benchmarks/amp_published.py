@@ -104,6 +104,19 @@ PUBLISHED = [
 _LAMBDA = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
            "0235381f1bf0c4550a981f7e81f90e72f175756f/pytorch/{}")
 
+# Lambda's A10 and H100 SXM5 rows came later, in its CSV tables, with no
+# batch-size rows: the batch each ran is the one its own log prints
+# (pytorch/results/LambdaCloud_A10_v1/ and H100_80GB_SXM5_v1/, February 2023,
+# the same scripts and container).
+_LAMBDA_LATER = ("https://github.com/lambdal/deeplearning-benchmark/blob/"
+                 "0551cb70ffdc155dc4cb2c10dddebb65651c3883/pytorch/{}")
+LAMBDA_LATER_AMP = ("Lambda, " + _LAMBDA_LATER.format("pytorch-train-throughput-fp16.csv")
+                    + " (1-GPU rows 'LambdaCloud A10' and 'H100 80GB SXM5'; batch per GPU "
+                    "from each run's log)")
+LAMBDA_LATER_FP32 = ("Lambda, " + _LAMBDA_LATER.format("pytorch-train-throughput-fp32.csv")
+                     + " (1-GPU rows 'LambdaCloud A10' and 'H100 80GB SXM5'; batch per GPU "
+                     "from each run's log)")
+
 
 def lambda_source(column: str) -> str:
     """The source of one column of Lambda's tables (both precisions), as the
@@ -111,7 +124,9 @@ def lambda_source(column: str) -> str:
     return ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json") + " and "
             + _LAMBDA.format("pytorch-train-throughput-fp32.json")
             + f" (1-GPU rows, column {column}; batch per GPU from pytorch-train-bs-fp16.json and "
-            "pytorch-train-bs-fp32.json); NGC pytorch-22.10")
+            "pytorch-train-bs-fp32.json); the A10 and H100 SXM5 rows from "
+            + _LAMBDA_LATER.format("pytorch-train-throughput-fp16.csv") + " and -fp32.csv, "
+            "batch from each run's log; NGC pytorch-22.10")
 
 LAMBDA_AMP = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp16.json")
               + " (1-GPU rows; batch per GPU from "
@@ -120,11 +135,12 @@ LAMBDA_FP32 = ("Lambda, " + _LAMBDA.format("pytorch-train-throughput-fp32.json")
                + " (1-GPU rows; batch per GPU from "
                + _LAMBDA.format("pytorch-train-bs-fp32.json") + ")")
 
+
 # Lambda's fp16 columns are DeepLearningExamples' AMP runs; its fp32 columns run
-# in NGC containers with TF32 on, so they are "tf32" on Ampere and newer. Only
-# the GPUs that have both a throughput and a batch-size row at that commit are
-# taken (its A10 and H100 SXM5 rows came later, without batch sizes), and only
-# those in specs/gpus.toml (the Quadro RTX 8000 joined it on 5 Dec 2026).
+# in NGC containers with TF32 on, so they are "tf32" on Ampere and newer. The
+# GPUs taken are those with both a throughput and a batch size (a batch-size
+# row, or for the two later boards the run's log) and in specs/gpus.toml (the
+# Quadro RTX 8000 joined it on 5 Dec 2026).
 # "LambdaCloud V100 16GB" is taken as the SXM2 part (Lambda Cloud's V100
 # instances; its fp32 ResNet-50, 369 images/s, matches NVIDIA's DGX-1 V100
 # 16GB, 367).
@@ -194,6 +210,20 @@ PUBLISHED += [
     ("resnet50", "QUADRO-RTX-8000", "fp32", 496, 274.0, LAMBDA_FP32),
     ("bert-large-squad", "QUADRO-RTX-8000", "fp32", 32, 12.0, LAMBDA_FP32),
     ("bert-base-squad", "QUADRO-RTX-8000", "fp32", 96, 41.0, LAMBDA_FP32),
+    # The A10 (GA102 at 150 W) and the H100 SXM5 (GH100, 700 W), from Lambda's
+    # later tables: added as they were, without looking at them first.
+    ("resnet50", "A10", "amp", 448, 638.0, LAMBDA_LATER_AMP),
+    ("bert-large-squad", "A10", "amp", 28, 42.0, LAMBDA_LATER_AMP),
+    ("bert-base-squad", "A10", "amp", 80, 135.0, LAMBDA_LATER_AMP),
+    ("resnet50", "A10", "tf32", 224, 349.0, LAMBDA_LATER_FP32),
+    ("bert-large-squad", "A10", "tf32", 12, 19.0, LAMBDA_LATER_FP32),
+    ("bert-base-squad", "A10", "tf32", 48, 70.0, LAMBDA_LATER_FP32),
+    ("resnet50", "H100-SXM5-80GB", "amp", 1280, 2616.0, LAMBDA_LATER_AMP),
+    ("bert-large-squad", "H100-SXM5-80GB", "amp", 112, 301.0, LAMBDA_LATER_AMP),
+    ("bert-base-squad", "H100-SXM5-80GB", "amp", 320, 812.0, LAMBDA_LATER_AMP),
+    ("resnet50", "H100-SXM5-80GB", "tf32", 640, 1753.0, LAMBDA_LATER_FP32),
+    ("bert-large-squad", "H100-SXM5-80GB", "tf32", 64, 141.0, LAMBDA_LATER_FP32),
+    ("bert-base-squad", "H100-SXM5-80GB", "tf32", 172, 408.0, LAMBDA_LATER_FP32),
 ]
 
 
@@ -270,10 +300,14 @@ def summary(rows) -> list[dict]:
 def rank_correlations(rows: list[dict]) -> dict[str, float]:
     """Spearman's correlation of predicted with published throughput across
     the GPUs of `rows` (one publisher's table of one model), per
-    `program_group`."""
+    `program_group`, or per the rows' own "group" where they name one (a
+    published column whose runs trained in different precisions)."""
+    def group(r):
+        return r.get("group") or program_group(r["precision"])
+
     out = {}
-    for name in dict.fromkeys(program_group(r["precision"]) for r in rows):
-        sel = [r for r in rows if program_group(r["precision"]) == name]
+    for name in dict.fromkeys(group(r) for r in rows):
+        sel = [r for r in rows if group(r) == name]
         out[name] = spearman([r["published"] for r in sel], [r["predicted"] for r in sel])
     return out
 
@@ -375,7 +409,8 @@ LAMBDA_FOLDERS = {
     "3090_v1": "RTX-3090", "LambdaCloud_A100_40GB_PCIe_v1": "A100-PCIE-40GB",
     "A100_80GB_PCIe_v1": "A100-PCIE-80GB", "A100_80GB_SXM4_v1": "A100-SXM4-80GB",
     "AdaA6000_v1": "RTX-6000-ADA", "A6000_v1": "RTX-A6000", "4090_v1": "RTX-4090",
-    "H100_80GB_PCIe5_v1": "H100-PCIE-80GB",
+    "H100_80GB_PCIe5_v1": "H100-PCIE-80GB", "LambdaCloud_A10_v1": "A10",
+    "H100_80GB_SXM5_v1": "H100-SXM5-80GB",
 }
 # Lambda's boards without TF32: their fp32 column is plain fp32.
 LAMBDA_NO_TF32 = ("QUADRO-RTX-8000", "V100-SXM2-16GB")

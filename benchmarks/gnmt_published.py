@@ -106,6 +106,12 @@ LAMBDA = [
     ("RTX-A6000", "tf32", 576, 62271),
     ("RTX-4090", "tf32", 288, 84598),
     ("H100-PCIE-80GB", "tf32", 1024, 162431),
+    # Lambda's later A10 and H100 SXM5 rows (benchmarks.amp_published,
+    # LAMBDA_LATER_*), at the batch each run's log prints.
+    ("A10", "amp", 400, 67836),
+    ("A10", "tf32", 256, 37527),
+    ("H100-SXM5-80GB", "amp", 1520, 467071),
+    ("H100-SXM5-80GB", "tf32", 1024, 220229),
 ]
 OPTIMIZER = "adam-loop+clip"
 

@@ -100,7 +100,7 @@ def test_lambdas_bert_logs_are_the_published_runs():
     logs = ap.lambda_bert_logs()
     lambda_rows = [row for row in ap.PUBLISHED
                    if row[0] in ap.SQUAD_MODELS and ap.publisher(row[5]) == "Lambda"]
-    assert len(logs) == len(lambda_rows) == 40
+    assert len(logs) == len(lambda_rows) == 48
     for model, gpu, prec, batch, published, _ in lambda_rows:
         log = logs[(model, gpu, prec, batch)]
         assert int(log["published"]) == published
