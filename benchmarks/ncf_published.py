@@ -21,26 +21,33 @@ for mixed precision, and TF32 matmuls on the A100 (PyTorch 1.9's default).
 The published figure is the epoch's samples over its wall time, which also
 holds each epoch's negative sampling on the GPU (not modelled here).
 
-A second table, ten GPUs from a Quadro RTX 8000 to an H100 PCIe: Lambda's
-PyTorch benchmark (`LAMBDA`), the same script in the pytorch-22.10 NGC
+A second table, twelve GPUs from a Quadro RTX 8000 to an H100 SXM5: Lambda's
+PyTorch benchmark (`LAMBDA_COLUMNS`), the script in the pytorch-22.10 NGC
 container, one GPU, at the largest batch each GPU's memory took (1.3 to 10
-million samples). Its "fp32" column is TF32 on Ampere and newer (NGC
-containers switch TF32 on for cuBLAS), its fp16 column the script's `--amp`.
-Each row is priced at its own batch; Spearman's rank correlation across the
-ten GPUs says whether they come out in the published order.
+million samples). Each figure is priced as its run's log says it trained
+(`lambda_runs`, `lambda_table`): the fp16 column ran apex's O2 (a 16-bit
+model with fp32 master weights: the fp32 trace priced in float16), except on
+the A100 80GB boards and the two H100s, whose fp16-column runs printed
+`amp : False` and trained in fp32 with TF32 matmuls, as the fp32 column does
+on Ampere and newer. The published figure is the better of the run's two
+epochs. Spearman's rank correlation across the GPUs, per column, says
+whether they come out in the published order.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.amp_published import lambda_source, print_lambda_summary
+from benchmarks.amp_published import (LAMBDA_FOLDERS, lambda_precision, lambda_source,
+                                      print_lambda_summary)
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Recommendation/NCF/README.md (commit 05ee986), "
           "'Training performance results', 1 GPU, batch 1,048,576, PyTorch 21.04 NGC container")
@@ -56,31 +63,75 @@ PUBLISHED = [
 ]
 
 LAMBDA_SOURCE = lambda_source("ncf")
-# The GPUs of benchmarks.amp_published's Lambda rows ("LambdaCloud V100
-# 16GB" is the SXM2 part, "Ada A6000" the RTX 6000 Ada). "fp32" where the
-# GPU has no TF32 (Volta, Turing), "tf32" on Ampere and newer.
-LAMBDA = [
-    ("QUADRO-RTX-8000", "amp", 10_000_000, 19_801_310),
-    ("V100-SXM2-16GB", "amp", 2_560_000, 23_476_979),
-    ("RTX-3090", "amp", 4_278_184, 25_118_176),
-    ("A100-PCIE-40GB", "amp", 7_500_000, 37_012_517),
-    ("A100-PCIE-80GB", "amp", 10_000_000, 29_393_923),
-    ("A100-SXM4-80GB", "amp", 10_000_000, 30_787_381),
-    ("RTX-6000-ADA", "amp", 10_000_000, 33_148_978),
-    ("RTX-A6000", "amp", 10_000_000, 25_357_954),
-    ("RTX-4090", "amp", 4_278_184, 32_192_491),
-    ("H100-PCIE-80GB", "amp", 10_000_000, 34_483_571),
+# Lambda's columns: (GPU, column, batch, published samples/s), "LambdaCloud
+# V100 16GB" the SXM2 part, "Ada A6000" the RTX 6000 Ada. What each run
+# trained in is its log's, not its column's (`lambda_runs`): the fp16
+# column's runs on the A100 80GB boards and both H100s print `amp : False`
+# (no apex block: fp32, TF32 matmuls), the others `amp : True` with apex's
+# O2 (the model cast to fp16, fp32 master weights), not torch.autocast.
+LAMBDA_COLUMNS = [
+    ("QUADRO-RTX-8000", "fp16", 10_000_000, 19_801_310),
+    ("V100-SXM2-16GB", "fp16", 2_560_000, 23_476_979),
+    ("RTX-3090", "fp16", 4_278_184, 25_118_176),
+    ("A100-PCIE-40GB", "fp16", 7_500_000, 37_012_517),
+    ("A100-PCIE-80GB", "fp16", 10_000_000, 29_393_923),
+    ("A100-SXM4-80GB", "fp16", 10_000_000, 30_787_381),
+    ("RTX-6000-ADA", "fp16", 10_000_000, 33_148_978),
+    ("RTX-A6000", "fp16", 10_000_000, 25_357_954),
+    ("RTX-4090", "fp16", 4_278_184, 32_192_491),
+    ("H100-PCIE-80GB", "fp16", 10_000_000, 34_483_571),
+    ("A10", "fp16", 4_278_184, 15_343_208),
+    ("H100-SXM5-80GB", "fp16", 10_000_000, 52_418_903),
     ("QUADRO-RTX-8000", "fp32", 5_000_000, 8_501_458),
     ("V100-SXM2-16GB", "fp32", 1_280_000, 9_932_793),
-    ("RTX-3090", "tf32", 2_516_582, 14_714_953),
-    ("A100-PCIE-40GB", "tf32", 4_000_000, 24_053_576),
-    ("A100-PCIE-80GB", "tf32", 8_000_000, 27_394_043),
-    ("A100-SXM4-80GB", "tf32", 8_000_000, 28_653_595),
-    ("RTX-6000-ADA", "tf32", 5_000_000, 16_916_224),
-    ("RTX-A6000", "tf32", 5_000_000, 13_803_937),
-    ("RTX-4090", "tf32", 2_516_582, 17_476_573),
-    ("H100-PCIE-80GB", "tf32", 8_000_000, 32_325_375),
+    ("RTX-3090", "fp32", 2_516_582, 14_714_953),
+    ("A100-PCIE-40GB", "fp32", 4_000_000, 24_053_576),
+    ("A100-PCIE-80GB", "fp32", 8_000_000, 27_394_043),
+    ("A100-SXM4-80GB", "fp32", 8_000_000, 28_653_595),
+    ("RTX-6000-ADA", "fp32", 5_000_000, 16_916_224),
+    ("RTX-A6000", "fp32", 5_000_000, 13_803_937),
+    ("RTX-4090", "fp32", 2_516_582, 17_476_573),
+    ("H100-PCIE-80GB", "fp32", 8_000_000, 32_325_375),
+    ("A10", "fp32", 2_516_582, 9_069_169),
+    ("H100-SXM5-80GB", "fp32", 8_000_000, 49_094_300),
 ]
+# Lambda's logs of those runs (pytorch/results/<folder>/PyTorch_ncf_FP16|FP32/
+# <log> in the same repository): batch, the amp flag, apex's level, each
+# epoch's throughput; one row per log, some subfolders holding several runs.
+LAMBDA_RUNS = Path(__file__).resolve().parent / "data" / "lambda_ncf" / "runs.tsv"
+
+
+@functools.lru_cache(maxsize=None)
+def lambda_runs() -> tuple:
+    """Every logged run (`LAMBDA_RUNS`) as a dict: GPU, column, batch,
+    whether it ran apex's O2 (`o2`), its best epoch's samples/s."""
+    rows = csv.DictReader((line for line in LAMBDA_RUNS.read_text().splitlines()
+                           if not line.startswith("#")), delimiter="\t")
+    return tuple({"gpu": LAMBDA_FOLDERS[r["folder"]],
+                  "column": r["subfolder"].rsplit("_", 1)[1].lower(),
+                  "batch": int(r["batch_size"]), "o2": r["apex_opt_level"] == "O2",
+                  "best": float(r["best_train_throughput"]), "log": r["log_filename"]}
+                 for r in rows)
+
+
+def lambda_run(gpu: str, column: str, published: float) -> dict:
+    """The logged run a published figure is: the one of that GPU and column
+    whose best epoch is it, to the sample/s (the table's RTX 6000 Ada figure
+    is its log's 33,148,979.008 less one)."""
+    for run in lambda_runs():
+        if run["gpu"] == gpu and run["column"] == column and abs(run["best"] - published) < 1.5:
+            return run
+    raise LookupError(f"no logged NCF run of {gpu} ({column}) gives {published:,.0f}")
+
+
+def lambda_table() -> list[tuple]:
+    """Lambda's figures as their runs trained: (GPU, precision, batch,
+    published, column), precision "amp" for apex O2, else "fp32" / "tf32"."""
+    out = []
+    for gpu, column, batch, published in LAMBDA_COLUMNS:
+        o2 = lambda_run(gpu, column, published)["o2"]
+        out.append((gpu, "amp" if o2 else lambda_precision(gpu, False), batch, published, column))
+    return out
 
 
 class NeuMFStep(nn.Module):
@@ -116,7 +167,9 @@ def build(batch: int = BATCH):
 @functools.lru_cache(maxsize=None)
 def _graphs() -> dict:
     """The traced steps by program, once per process: both tables price the
-    same graphs (read, never changed)."""
+    same graphs (read, never changed). Apex's O2 prices the fp32 trace as a
+    16-bit model (`predict(dtype="float16")`), as benchmarks.amp_published
+    does for BERT's O2 rows."""
     import predictor
 
     return {prec: predictor.trace(build, loss_fn="mean", optimizer="adam-fused",
@@ -125,19 +178,28 @@ def _graphs() -> dict:
 
 
 def predict_rows(table=None) -> list[dict]:
-    """One dict per figure of `table` (default PUBLISHED; LAMBDA), priced at
-    its own batch."""
+    """One dict per figure of `table` (default PUBLISHED, NVIDIA's runs,
+    mixed precision under autocast; `lambda_table()`, Lambda's, mixed
+    precision under apex O2), priced at its own batch."""
     import predictor
 
     graphs = _graphs()
     out = []
-    for gpu, prec, batch, published in (PUBLISHED if table is None else table):
-        g = graphs["amp" if prec == "amp" else "fp32"]
-        p = predictor.predict(g, gpu, batch_size=batch, tf32_matmul=prec == "tf32")
+    for row in (PUBLISHED if table is None else table):
+        gpu, prec, batch, published = row[:4]
+        column = row[4] if len(row) > 4 else None
+        o2 = prec == "amp" and column is not None
+        g = graphs["amp" if prec == "amp" and not o2 else "fp32"]
+        p = predictor.predict(g, gpu, batch_size=batch, tf32_matmul=prec == "tf32",
+                              dtype="float16" if o2 else None)
         predicted = batch / p.iteration_ms * 1e3
-        out.append({"gpu": gpu, "precision": prec, "batch": batch, "published": published,
-                    "predicted": predicted, "error_pct": 100 * (predicted / published - 1),
-                    "step_ms": p.iteration_ms, "by_family": p.by_family()})
+        r = {"gpu": gpu, "precision": prec, "batch": batch, "published": published,
+             "program": "o2" if o2 else ("autocast" if prec == "amp" else "fp32"),
+             "predicted": predicted, "error_pct": 100 * (predicted / published - 1),
+             "step_ms": p.iteration_ms, "by_family": p.by_family()}
+        if column is not None:
+            r["group"] = f"{column} column"
+        out.append(r)
     return out
 
 
@@ -145,14 +207,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
     args = ap.parse_args(argv)
-    nvidia, lam = predict_rows(), predict_rows(LAMBDA)
+    nvidia, lam = predict_rows(), predict_rows(lambda_table())
     for source, rows in ((SOURCE, nvidia), (LAMBDA_SOURCE, lam)):
         print(source)
-        print("\n| GPU | precision | batch | published samples/s | predicted | error "
-              "| predicted step ms |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        print("\n| GPU | column | precision | traced as | batch | published samples/s "
+              "| predicted | error | predicted step ms |")
+        print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
-            print(f"| {r['gpu']} | {r['precision']} | {r['batch']:,} | "
+            print(f"| {r['gpu']} | {r.get('group', '-').split()[0]} | {r['precision']} | "
+                  f"{r['program']} | {r['batch']:,} | "
                   f"{r['published'] / 1e6:.2f}M | {r['predicted'] / 1e6:.2f}M | "
                   f"{r['error_pct']:+.1f} % | {r['step_ms']:.1f} |")
         print_summary(rows, args.breakdown)
