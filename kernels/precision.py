@@ -36,10 +36,12 @@ predicts well: over the ten NVIDIA boards, leaving each out, the median of
 the others misses it by 10.4 % mean and a log-linear fit on board power per
 tensor TFLOP/s by 10.4 % too, so a GPU without a measurement gets
 ``TC_FRACTION``, the median of the measured boards that are not GeForce
-(0.80: fifteen values, the 5 Dec 2026 additions included: the same
+(0.80: sixteen values, the 5 Dec 2026 additions included: the same
 script's runs posted in that repository's issues give the L4 58.6 %, a
 72 W board under its power cap, the A10G 99.2 % of its half-rate rated
-peak, the V100 SXM2 77.9 %, the A40 81.7 %, the RTX A4000 81.9 %; a
+peak, the V100 SXM2 77.9 %, the A40 81.7 %, the RTX A4000 81.9 %; and
+github.com/chsasank/device-benchmarks the 150 W A10 44.8 %, a cruder
+method, single timed calls; a
 GeForce board's fraction, 1.0-1.15 for the RTX 3080 Ti, 3090, 4070 SUPER,
 4090 and 5090, is of its half-rate fp32-accumulate peak, another quantity),
 unless a board of its chip (same architecture and SM count) was measured:

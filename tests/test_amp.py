@@ -502,12 +502,14 @@ def test_tensor_core_fraction_per_gpu():
     # board holds its peak, the 350 W data-centre board does not.
     assert tflops(rtx4090) / rtx4090[L.G_BF16_TFLOPS] > 0.9
     assert tflops(l40s) / l40s[L.G_BF16_TFLOPS] < 0.76
-    a10 = _gpu("A10")
-    assert a10[L.G_TC_FRACTION] == precision.TC_FRACTION
-    zeroed = a10.copy()
+    a30 = _gpu("A30")
+    assert a30[L.G_TC_FRACTION] == precision.TC_FRACTION
+    zeroed = a30.copy()
     zeroed[L.G_TC_FRACTION] = 0.0
     assert precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, zeroed, p, NO_WEIGHTS) == \
-        precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, a10, p, NO_WEIGHTS)
+        precision.tensor_core_us(L.MATMUL, L.BF16, 1, d, a30, p, NO_WEIGHTS)
+    # the 150 W A10 at its own measured fraction, well below the median
+    assert _gpu("A10")[L.G_TC_FRACTION] == pytest.approx(0.448)
 
 
 def test_geforce_boards_without_a_measurement_take_the_geforce_median():
@@ -529,7 +531,7 @@ def test_geforce_boards_without_a_measurement_take_the_geforce_median():
         gpu = hardware.get(gid)
         assert "tensor_core_matmul_fraction" not in gpu.spec and hardware.is_geforce(gpu.spec)
         assert gpu.features[L.G_TC_FRACTION] == precision.GEFORCE_TC_FRACTION
-    for gid in ("A10", "A30", "QUADRO-RTX-8000"):   # not GeForce, not measured
+    for gid in ("A30", "QUADRO-RTX-8000"):   # not GeForce, not measured
         assert hardware.get(gid).features[L.G_TC_FRACTION] == precision.TC_FRACTION
     assert hardware.get("RTX-4090").features[L.G_TC_FRACTION] == pytest.approx(1.008)
 

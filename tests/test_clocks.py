@@ -153,10 +153,12 @@ def test_a_board_without_a_measured_tensor_core_fraction_takes_its_twins(tmp_pat
     assert frac("L40") == pytest.approx(l40s * 2520.0 * (300 / 350) ** (1 / 3) / 2490.0)
     assert frac("A40") == 0.817  # its own measurement now (the RTX A6000's 0.797 as a twin before)
     # The V100S (250 W, rated 1601 MHz) takes the 300 W V100 SXM2's at the
-    # clock its power sustains; the A10 has no measured twin: the median.
+    # clock its power sustains; the A30 has no measured twin: the median (the
+    # A10 its own measurement now).
     v100s = 0.779 * min(1601.0, 1530.0 * (250 / 300) ** (1 / 3)) / 1601.0
     assert frac("V100S") == pytest.approx(v100s, rel=1e-12)
-    assert frac("A10") == 0.80
+    assert frac("A30") == 0.80
+    assert frac("A10") == 0.448
     # A user's spec of another board of the L40S's chip, at the L40S's power.
     spec = tmp_path / "twin.toml"
     spec.write_text('[[gpu]]\nid = "L40S-TWIN"\nname = "an L40S at 350 W"\n'
