@@ -86,7 +86,7 @@ def from_published() -> tuple[list[str], np.ndarray]:
                   + [dict(r, precision="amp") for r in timm_published.run()]
                   + gnmt_published.predict_rows()
                   + gnmt_published.predict_rows(table=gnmt_published.LAMBDA)
-                  + ncf_published.predict_rows() + ncf_published.predict_rows(ncf_published.LAMBDA)
+                  + ncf_published.predict_rows() + ncf_published.predict_rows(ncf_published.lambda_table())
                   + transformer_published.predict_rows())
     rows = []
     for r in candidates:

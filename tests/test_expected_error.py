@@ -145,3 +145,35 @@ def test_a_sweep_plot_shades_the_bands_and_labels_its_log_axes_plainly(tmp_path,
     fig.canvas.draw()
     labels = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels() + ax.get_xticklabels()]
     assert labels and not any("$" in t for t in labels)
+
+
+def test_the_published_standing_reads_every_harness_table(monkeypatch):
+    """`--published-only` gathers the tensor-core rows of every published
+    harness, each table as that harness now names it: a renamed table is an
+    error here, not at the next `--write`. The harnesses' pricing is stubbed
+    (each prices its rows in its own test); the tables are the real ones."""
+    from benchmarks import (amp_published, gnmt_published, ncf_published, timm_published,
+                            transformer_published)
+
+    seen = []
+
+    def rows(name):
+        def priced(table=None, *args, **kwargs):
+            table = list(table) if table is not None else []
+            seen.append((name, len(table)))
+            return [{"gpu": "A100-SXM4-80GB", "precision": "amp", "error_pct": 10.0},
+                    {"gpu": "V100-SXM2-16GB", "precision": "fp32", "error_pct": 50.0}]
+        return priced
+
+    monkeypatch.setattr(amp_published, "run", rows("amp"))
+    monkeypatch.setattr(timm_published, "run", rows("timm"))
+    monkeypatch.setattr(gnmt_published, "predict_rows", rows("gnmt"))
+    monkeypatch.setattr(ncf_published, "predict_rows", rows("ncf"))
+    monkeypatch.setattr(transformer_published, "predict_rows", rows("transformer"))
+    gpus, err = bench.from_published()
+    assert ("gnmt", len(gnmt_published.LAMBDA)) in seen
+    assert ("ncf", len(ncf_published.LAMBDA_COLUMNS)) in seen
+    # each table's AMP row on an A100 is a tensor-core one; an fp32 row is not
+    # (timm's rows are all taken as AMP: its V100 row counts too)
+    assert len(seen) == 7 and gpus.count("A100-SXM4-80GB") == 7
+    assert sorted(err) == [10.0] * 7 + [50.0]
