@@ -41,6 +41,21 @@ def test_every_lambda_figure_is_its_logs_last_epoch():
         assert abs(np.mean(last_epoch[last_epoch[:, 1] > 0, 3]) / published - 1) < 0.03
 
 
+def test_each_run_is_traced_with_its_own_vocabulary():
+    """The script pads the vocabulary to a multiple of 8 for fp16 only:
+    Lambda's fp32 runs' classifier has 31,794 classes, which a TF32 GEMM
+    cannot run on its aligned kernels, and pricing it so makes the step
+    longer on a TF32 board and not on one without TF32."""
+    assert gp.LAMBDA_VOCAB == {"amp": 31800, "fp32": 31794, "tf32": 31794}
+    graph = gp._graph("fp32", 29, 31794)
+    # the shared embedding and the classifier, 526 rows fewer each
+    assert graph.parameters == gp._graph("fp32", 29).parameters - 526 * (2 * 1024 + 1)
+    aligned = gp.step_s("A100-SXM4-80GB", "tf32", 1024, 29, vocab=31792)
+    assert gp.step_s("A100-SXM4-80GB", "tf32", 1024, 29, vocab=31794) > 1.05 * aligned
+    v100 = gp.step_s("V100-SXM2-16GB", "fp32", 128, 29, vocab=31792)
+    assert gp.step_s("V100-SXM2-16GB", "fp32", 128, 29, vocab=31794) < 1.02 * v100
+
+
 def test_a_bucketed_batch_runs_at_its_buckets_limit():
     assert [gp.padded_length(x) for x in (1.0, 6.7, 9.99, 10.0, 13.5, 22.5, 31.5, 39.9)] == \
         [9, 9, 9, 19, 19, 29, 39, 39]
@@ -57,12 +72,12 @@ def test_a_bucketed_batch_runs_at_its_buckets_limit():
 def test_lambdas_twelve_gpus_come_out_in_the_published_order():
     """Lambda's GNMT figures, each GPU at its own largest batch: the ranking
     across the twelve GPUs, per program (benchmarks/README.md, GNMT section:
-    0.99 and 0.99), and the figures within 50 % each, 15 % on average
-    (13.9 %; 29.7 % over the first ten GPUs when every batch was taken as
-    full sentences of 25 and 50 tokens). The worst, +45 %, is the H100 SXM5
-    in TF32, added with the A10 after the bounds were 35 % over ten GPUs: the
-    Hopper boards' TF32 recurrent steps run slower than priced (H100 PCIe
-    +33 %), their mixed-precision ones do not."""
+    0.99 and 0.99), and the figures within 35 % each, 15 % on average
+    (13.1 %; 29.7 % over the first ten GPUs when every batch was taken as
+    full sentences of 25 and 50 tokens, and 14.4 % over the twelve when every
+    run's classifier had the zoo's 32,320 classes, where the fp32 runs'
+    31,794 break the TF32 alignment rule: the H100 SXM5's TF32 figure was
+    +45 % then, +32 % now)."""
     rows = gp.predict_rows(table=gp.LAMBDA)
     assert len(rows) == len(gp.LAMBDA)
     assert all(math.isfinite(r["predicted"]) and r["predicted"] > 0 for r in rows)
@@ -70,7 +85,7 @@ def test_lambdas_twelve_gpus_come_out_in_the_published_order():
     assert set(rho) == {"amp", "fp32/tf32"}
     assert min(rho.values()) >= 0.95, rho
     errors = [abs(r["error_pct"]) for r in rows]
-    assert max(errors) < 50 and np.mean(errors) < 15, errors
+    assert max(errors) < 35 and np.mean(errors) < 15, errors
     # the logged steps themselves: every mixed-precision run's median step
     # within 20 % of the predicted one at its padded length (3-17 % today)
     for r in rows:
