@@ -63,7 +63,11 @@ other way: on an H100, an unaligned bf16 GEMM 8193x2501x5008 ran at 509
 TFLOP/s against 502 padded (pytorch-labs/float8_experimental pull 145), no
 penalty at that size. So the factor lies between 1 (recent libraries, large
 GEMMs) and the tensor-core/CUDA-core ratio (old libraries); 2x is a round
-value inside that range, kept until a per-GPU measurement replaces it.
+value inside that range, kept until a per-GPU measurement replaces it. One did
+for Hopper (``UNALIGNED_SLOWDOWN_HOPPER``, 3.1: an H200's unaligned vocabulary
+GEMMs, torch 2.11 with CUDA 13), against the example above (an older torch
+on an H100, an unaligned reduction of 2,501, no penalty): the newer
+libraries' measurement, on the shapes models have, is the one kept.
 """
 
 from __future__ import annotations
@@ -96,6 +100,14 @@ GEFORCE_TC_FRACTION = 1.079
 # boards measured both ways; their mean, on every GPU's own 16-bit fraction.
 FP8_FRACTION_RATIO = 0.9
 UNALIGNED_SLOWDOWN = 2.0
+# Hopper (compute capability 9.x) measured: on the H200, BERT-large's three
+# masked-LM decoder GEMMs (8192 x 30522 x 1024 and its two gradients: 30,522
+# is no multiple of 8), each timed alone in bf16 and fp16
+# (benchmarks/data/h200/rows), ran 2.95-3.18x the aligned price (median
+# 3.09), its aligned GEMMs of the same step within 0-10 % of theirs; the
+# TF32 ones about as much. Hopper's aligned kernels load and store by TMA,
+# which needs 16-byte rows, so an unaligned GEMM loses more there.
+UNALIGNED_SLOWDOWN_HOPPER = 3.1
 # Output tile of the tensor-core GEMM and convolution kernels, one resident per
 # SM (cuBLAS/CUTLASS 128x128 and 128x256 tiles on Ampere and Hopper fill an
 # SM's shared memory with their pipeline stages).
@@ -241,6 +253,13 @@ def _cdiv(a, b):
 
 
 @njit(cache=True)
+def unaligned_slowdown(gpu):
+    """The factor on a tensor-core GEMM's time when a dim breaks the
+    alignment rule: Hopper's measured one, elsewhere UNALIGNED_SLOWDOWN."""
+    return UNALIGNED_SLOWDOWN_HOPPER if gpu[L.G_CC_MAJOR] == 9.0 else UNALIGNED_SLOWDOWN
+
+
+@njit(cache=True)
 def aligned(family, dtype_code, d):
     """Whether a GEMM's dims meet the tensor-core alignment rule: multiples of
     8 elements for fp16/bf16, 4 for TF32, 16 for float8 (16 bytes), in the leading dims the
@@ -349,7 +368,7 @@ def tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp):
     eff = tc_fraction(gpu) * (FP8_FRACTION_RATIO if dtype_code == L.F8 else 1.0) \
         * power_limit_share(mlp, gpu)
     if not aligned(family, dtype_code, d):
-        eff /= UNALIGNED_SLOWDOWN
+        eff /= unaligned_slowdown(gpu)
     # One tile's time per reduction element on one SM, and the time to write
     # its fp32 partial sums and read them back when the reduction is split.
     per_k = 2.0 * TC_TILE_M * TC_TILE_N * ratio / (peak / sms * eff) * 1e6

@@ -626,7 +626,8 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params, m
     else:
         g = max(d[9], 1)
         ok = (d[1] // g) % a == 0 and (d[4] // g) % a == 0
-    eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else P.UNALIGNED_SLOWDOWN)
+    slowdown = P.UNALIGNED_SLOWDOWN_HOPPER if gpu[L.G_CC_MAJOR] == 9.0 else P.UNALIGNED_SLOWDOWN
+    eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else slowdown)
     if dtype_code == L.F8:
         eff *= P.FP8_FRACTION_RATIO
     eff *= power_limit_share(mlp, gpu)
