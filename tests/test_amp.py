@@ -710,3 +710,23 @@ def test_batched_tf32_gemms_pay_no_operand_copies():
         d[:5] = (256, 512, 512, 64, layout)
         times.add(round(op_time_us(L.MATMUL, L.F32, 1, d, f, p, mlp), 6))
     assert len(times) == 1
+
+
+def test_an_unaligned_gemm_pays_hoppers_measured_factor_there_and_two_elsewhere():
+    """A GEMM whose dims break the alignment rule (BERT's 30,522-class
+    decoder) costs 3.1x its aligned twin on Hopper, which an H200 measured
+    (kernels.precision.UNALIGNED_SLOWDOWN_HOPPER), and 2x on other GPUs; an
+    aligned one of the same tiles costs the same on both."""
+    p = default_params()
+    aligned, unaligned = _gemm(8192, 30520, 1024), _gemm(8192, 30522, 1024)
+    assert precision.aligned(L.MATMUL, L.BF16, aligned)
+    assert not precision.aligned(L.MATMUL, L.BF16, unaligned)
+    for gid, factor in (("H100-SXM5-80GB", 3.1), ("H200-SXM-141GB", 3.1),
+                        ("A100-SXM4-80GB", 2.0), ("B200", 2.0)):
+        gpu = _gpu(gid)
+        assert precision.unaligned_slowdown(gpu) == factor
+        t_a = precision.tensor_core_us(L.MATMUL, L.BF16, 1, aligned, gpu, p, NO_WEIGHTS)
+        t_u = precision.tensor_core_us(L.MATMUL, L.BF16, 1, unaligned, gpu, p, NO_WEIGHTS)
+        # compute-bound at this size: the factor, give or take the launch
+        assert t_u / t_a == pytest.approx(factor, rel=0.02), gid
+    assert precision.UNALIGNED_SLOWDOWN_HOPPER > precision.UNALIGNED_SLOWDOWN
