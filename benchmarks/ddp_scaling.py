@@ -24,7 +24,8 @@ LAMBDA_RESNET50_FP32 = [
     ("A100-SXM4-80GB", "A100 80GB SXM4", 640, 8, 1066.0, 7397.0),
     ("A100-PCIE-80GB", "A100 80GB PCIe", 640, 2, 1014.0, 1957.0),
     ("H100-PCIE-80GB", "H100 80GB PCIe Gen5", 640, 8, 1197.0, 9397.0),
-    # Lambda lists no batch size for H100 SXM5; the PCIe card's 640 is assumed.
+    # Lambda's tables list no batch size for the H100 SXM5; its 1-GPU run's log
+    # (pytorch/results/H100_80GB_SXM5_v1/PyTorch_resnet50_FP32/) prints 640.
     ("H100-SXM5-80GB", "H100 80GB SXM5", 640, 8, 1753.0, 13856.0),
     ("RTX-6000-ADA", "RTX 6000 Ada", 496, 8, 647.0, 5126.0),
 ]
