@@ -68,7 +68,9 @@ import numpy as np
 
 from benchmarks.amp_published import (LAMBDA_FOLDERS, lambda_precision, lambda_source,
                                       print_lambda_summary)
+import predictor
 from benchmarks.plotting import identity_axes, new_figure, save
+from predictor.zoo.base import token_loss
 from predictor.zoo.seq2seq import GNMT, GNMT_VOCAB, gnmt_inputs
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Translation/GNMT/README.md (the version of "
@@ -219,9 +221,6 @@ LAMBDA_VOCAB = {"amp": 31800, "fp32": 31794, "tf32": 31794}
 def _graph(precision: str, seq: int, vocab: int = GNMT_VOCAB):
     """The traced step at `seq` tokens a side with a classifier of `vocab`
     classes, once per process (read, never changed)."""
-    import predictor
-    from predictor.zoo.base import token_loss
-
     return predictor.trace(lambda: GNMT(vocab), lambda b: gnmt_inputs(b, seq),
                            loss_fn=token_loss, batch_size=BATCH, optimizer=OPTIMIZER,
                            amp="fp16" if precision == "amp" else None, name="gnmt")
@@ -230,12 +229,17 @@ def _graph(precision: str, seq: int, vocab: int = GNMT_VOCAB):
 def step_s(gpu: str, precision: str, batch: int, seq: int, dtype=None,
            vocab: int = GNMT_VOCAB) -> float:
     """Predicted seconds of one step of `batch` pairs padded to `seq`."""
-    import predictor
-
     graph = _graph("fp32" if dtype else precision, seq, vocab)
     p = predictor.predict(graph, gpu, batch_size=batch, tf32_matmul=precision == "tf32",
                           dtype=dtype)
     return p.iteration_ms / 1e3
+
+
+def logged_run_step_s(log: dict, seq: int, dtype=None) -> float:
+    """Predicted seconds of one step of a logged Lambda run (`read_log`) at
+    padded length `seq`, with the vocabulary its script built."""
+    return step_s(log["gpu"], log["precision"], log["batch"], seq, dtype,
+                  LAMBDA_VOCAB[log["precision"]])
 
 
 def _log_for(gpu: str, precision: str, batch: int) -> dict | None:
@@ -253,9 +257,7 @@ def _predicted_rate(gpu, precision, batch, dtype=None) -> tuple[float, float | N
     log = _log_for(gpu, precision, batch)
     if log is not None:
         lengths, tokens, wall = logged_batches(log)
-        vocab = LAMBDA_VOCAB[precision]
-        steps = {int(n): step_s(gpu, precision, batch, int(n), dtype, vocab)
-                 for n in np.unique(lengths)}
+        steps = {int(n): logged_run_step_s(log, int(n), dtype) for n in np.unique(lengths)}
         pred = np.array([steps[int(n)] for n in lengths])
         return float(np.mean(tokens / pred)), float(100 * np.median(wall / pred - 1))
     rate = sum(share * 2 * batch * side / step_s(gpu, precision, batch, n, dtype)
@@ -319,9 +321,7 @@ def step_points() -> list[dict]:
             sel = wall[lengths == n]
             out.append({"gpu": log["gpu"], "precision": log["precision"], "length": int(n),
                         "batches": int(sel.size), "logged_ms": 1e3 * float(np.median(sel)),
-                        "predicted_ms": 1e3 * step_s(log["gpu"], log["precision"],
-                                                     log["batch"], int(n),
-                                                     vocab=LAMBDA_VOCAB[log["precision"]])})
+                        "predicted_ms": 1e3 * logged_run_step_s(log, int(n))})
     return out
 
 
