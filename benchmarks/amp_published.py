@@ -118,6 +118,30 @@ LAMBDA_LATER_FP32 = ("Lambda, " + _LAMBDA_LATER.format("pytorch-train-throughput
                      "from each run's log)")
 
 
+# Lambda's 2024-2025 runs (its "v2" harness: pytorch/results_v2/, NGC
+# pytorch 24.10 on the GH200, 25.06 on the B200) are in the tables of
+# pytorch/csv_v1_v2/. The GH200's batch sizes are in the batch-size tables;
+# the B200's, which have no row there, in each run's log (the same batches as
+# config_v2/config_pytorch_192GB.sh). The B200 has no fp32 row in any stored
+# version of the fp32 table: its TF32 figures are the closing throughput its
+# runs' logs print, the line the tables are compiled from.
+_LAMBDA_V2 = "https://github.com/lambdal/deeplearning-benchmark/blob/{}/pytorch/{}"
+LAMBDA_V2_AMP = ("Lambda, " + _LAMBDA_V2.format("705355b8376c965282b2453ea72cf17b6a0aca65",
+                                                 "csv_v1_v2/pytorch-train-throughput-fp16.csv")
+                 + " (1-GPU rows 'LambdaCloud 1x GH200 96GB' and 'LambdaCloud 1x B200 192GB SXM5'; "
+                 "the GH200's batch from csv_v1_v2/pytorch-train-bs-fp16.csv at 848edec, the "
+                 "B200's from its run's log)")
+LAMBDA_V2_FP32 = ("Lambda, " + _LAMBDA_V2.format("d743970e0ee27f08672655dc0292f99c2529945a",
+                                                  "csv_v1_v2/pytorch-train-throughput-fp32.csv")
+                  + " (1-GPU row 'LambdaCloud 1x GH200 96GB'; batch from "
+                  "csv_v1_v2/pytorch-train-bs-fp32.csv at e3c3fe3)")
+LAMBDA_V2_B200_LOG = ("Lambda, " + _LAMBDA_V2.format(
+    "200af3b7ce8ee1f55c7ed6eaee0df2cafe2d7886",
+    "results_v2/LambdaOD_test_1xB200_192GB_129-213-83-251_v2/")
+    + " (the 1x B200 runs' fp32 logs: the closing throughput each prints, and its batch; "
+    "no published fp32 row)")
+
+
 def lambda_source(column: str) -> str:
     """The source of one column of Lambda's tables (both precisions), as the
     GNMT and NCF harnesses cite it."""
@@ -224,6 +248,21 @@ PUBLISHED += [
     ("resnet50", "H100-SXM5-80GB", "tf32", 640, 1753.0, LAMBDA_LATER_FP32),
     ("bert-large-squad", "H100-SXM5-80GB", "tf32", 64, 141.0, LAMBDA_LATER_FP32),
     ("bert-base-squad", "H100-SXM5-80GB", "tf32", 172, 408.0, LAMBDA_LATER_FP32),
+    # The GH200 (an H100 with 96 GB of HBM3 at 4 TB/s) and the B200
+    # (Blackwell, no board of which any check had priced), from Lambda's v2
+    # tables and logs: added as they were, without looking at them first.
+    ("resnet50", "GH200-96GB", "amp", 1360, 2844.0, LAMBDA_V2_AMP),
+    ("bert-large-squad", "GH200-96GB", "amp", 152, 296.0, LAMBDA_V2_AMP),
+    ("bert-base-squad", "GH200-96GB", "amp", 384, 838.0, LAMBDA_V2_AMP),
+    ("resnet50", "GH200-96GB", "tf32", 720, 2063.0, LAMBDA_V2_FP32),
+    ("bert-large-squad", "GH200-96GB", "tf32", 80, 131.0, LAMBDA_V2_FP32),
+    ("bert-base-squad", "GH200-96GB", "tf32", 208, 398.0, LAMBDA_V2_FP32),
+    ("resnet50", "B200", "amp", 3328, 3076.0, LAMBDA_V2_AMP),
+    ("bert-large-squad", "B200", "amp", 256, 523.0, LAMBDA_V2_AMP),
+    ("bert-base-squad", "B200", "amp", 768, 1405.0, LAMBDA_V2_AMP),
+    ("resnet50", "B200", "tf32", 1664, 2967.0, LAMBDA_V2_B200_LOG),
+    ("bert-large-squad", "B200", "tf32", 128, 281.0, LAMBDA_V2_B200_LOG),
+    ("bert-base-squad", "B200", "tf32", 384, 855.0, LAMBDA_V2_B200_LOG),
 ]
 
 
@@ -411,6 +450,10 @@ LAMBDA_FOLDERS = {
     "AdaA6000_v1": "RTX-6000-ADA", "A6000_v1": "RTX-A6000", "4090_v1": "RTX-4090",
     "H100_80GB_PCIe5_v1": "H100-PCIE-80GB", "LambdaCloud_A10_v1": "A10",
     "H100_80GB_SXM5_v1": "H100-SXM5-80GB",
+    # pytorch/results_v2/: the GH200's runs are filed under two names.
+    "LambdaOD_1x_GH200_96GB_192-222-57-0_v2": "GH200-96GB",
+    "LambdaOD_1x_1xGH200_96GB_192-222-57-0_v2": "GH200-96GB",
+    "LambdaOD_test_1xB200_192GB_129-213-83-251_v2": "B200",
 }
 # Lambda's boards without TF32: their fp32 column is plain fp32.
 LAMBDA_NO_TF32 = ("QUADRO-RTX-8000", "V100-SXM2-16GB")
@@ -472,6 +515,73 @@ def logged_steps(rows) -> list[dict]:
                     "drift_pct": 100.0 * (log["step_s"] / log["early_step_s"] - 1),
                     "outside_s": log["e2e_s"] - LAMBDA_BERT_STEPS * log["step_s"]})
     return out
+
+
+# Lambda's earlier runs of the same fine-tuning (2020-2022, NGC containers of
+# those years), on boards its later tables dropped or never had: the GTX 1080
+# Ti (Pascal GP102) and four TU102 boards, whose fp32 steps no chip of the op
+# models' data ran, and Ampere boards in TF32 and apex O2. Their tables' rows
+# were not kept beside the logs, so each run's own logged step (the
+# progress bar's rate at the last of iterations 100, 50 and 15 it reached) is
+# the figure: `published` below is batch / logged step.
+LAMBDA_EARLY_LOGS = LAMBDA_BERT_LOGS.parent / "early_runs.tsv"
+LAMBDA_EARLY_FOLDERS = {
+    "1080Ti": "GTX-1080-TI", "2080Ti": "RTX-2080-TI", "TitanRTX": "TITAN-RTX",
+    "QuadroRTX6000": "QUADRO-RTX-6000", "LambdaCloud_1xQuadroRTX6000": "QUADRO-RTX-6000",
+    "QuadroRTX8000": "QUADRO-RTX-8000", "3070": "RTX-3070", "3080": "RTX-3080", "3090": "RTX-3090",
+    # A100 40GB boards: "A100_p4" is one GPU of an AWS p4d (SXM4 40GB); "A100_SXM4"
+    # ran on 4 Nov 2020, before the 80GB part was announced.
+    "A100_PCIe": "A100-PCIE-40GB", "A100_SXM4": "A100-SXM4-40GB", "A100_p4": "A100-SXM4-40GB",
+    "A6000": "RTX-A6000", "LambdaCloud_A6000": "RTX-A6000", "A5000": "RTX-A5000",
+    "A4000": "RTX-A4000", "A40": "A40", "A100_80GB_SXM4": "A100-SXM4-80GB",
+    "A100_80GB_PCIe": "A100-PCIE-80GB",
+}
+LAMBDA_EARLY = ("Lambda, https://github.com/lambdal/deeplearning-benchmark pytorch/results/<folder>/ "
+                "(2020-2022 runs' logs; the figure is the logged step's samples/s, not a table's)")
+
+
+def _has_tf32(gpu: str) -> bool:
+    from predictor import engine, expected_error, hardware
+    from predictor.kernels import layout as L
+
+    return expected_error.standing(hardware.get(gpu), L.F32,
+                                   engine.model_params(tf32_matmul=True)) == "tensor cores"
+
+
+@functools.lru_cache(maxsize=None)
+def lambda_early_table() -> tuple:
+    """Lambda's 2020-2022 BERT runs as rows of `PUBLISHED`'s shape, the
+    figure each run's logged samples/s; repeated runs of one configuration
+    (same board, program and batch) averaged."""
+    lines = [ln for ln in LAMBDA_EARLY_LOGS.read_text().splitlines() if not ln.startswith("#")]
+    steps: dict = {}
+    for row in csv.DictReader(lines, delimiter="\t"):
+        gpu = LAMBDA_EARLY_FOLDERS[row["folder"]]
+        size = "large" if "large" in row["subfolder"] else "base"
+        if row["fp16"] == "yes":
+            prec = "amp"
+        else:
+            prec = "tf32" if _has_tf32(gpu) else "fp32"
+        rate = next(row[k] for k in ("rate_iter100", "rate_iter50", "rate_iter15") if row[k] != "-")
+        key = (f"bert-{size}-squad", gpu, prec, int(row["train_batch_size"]))
+        steps.setdefault(key, []).append(_seconds_per_step(rate))
+    return tuple((model, gpu, prec, batch, batch / float(np.mean(s)), LAMBDA_EARLY)
+                 for (model, gpu, prec, batch), s in steps.items())
+
+
+def early_logged_steps(models=None, table=None) -> list[dict]:
+    """`run` on `table` (default `lambda_early_table()`), each row with the
+    standing a prediction of it quotes (``predictor.expected_error.standing``)."""
+    from predictor import engine, expected_error, hardware
+    from predictor.kernels import layout as L
+
+    rows = run(models, table=lambda_early_table() if table is None else table)
+    for r in rows:
+        tf32 = r["precision"] == "tf32"
+        gemm = None if r["precision"] == "fp32" else (L.F32 if tf32 else L.F16)
+        r["standing"] = expected_error.standing(hardware.get(r["gpu"]), gemm,
+                                                engine.model_params(tf32_matmul=tf32))
+    return rows
 
 
 # The families whose rows run GEMMs (on tensor cores where the precision has
@@ -565,6 +675,22 @@ def main(argv=None) -> int:
             print(f"| {r['gpu']} | {r['precision']} | {r['batch']} | {r['memory']} | "
                   f"{r['l2_mb']:g} | {r['step_ms']:.1f} | {r['memory_bound_ms']:.1f} | "
                   f"{r['published_ms']:.1f} | {r['factor']:.2f} |")
+    early = early_logged_steps(models)
+    if early:
+        print("\nLambda's 2020-2022 runs of the same BERT fine-tuning (a separate check, not in "
+              "the means above): each run's logged step against the predicted one, by the "
+              "standing its prediction quotes:\n")
+        print("| model | GPU | precision | batch | logged step ms | predicted | error | standing |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+        for r in early:
+            print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | "
+                  f"{1e3 * r['batch'] / r['published']:.0f} | {r['step_ms']:.0f} | "
+                  f"{-100.0 * r['error_pct'] / (100.0 + r['error_pct']):+.1f} % | {r['standing']} |")
+        for kind in dict.fromkeys(r["standing"] for r in early):
+            e = np.array([abs(r["step_ms"] * r["published"] / (1e3 * r["batch"]) - 1)
+                          for r in early if r["standing"] == kind]) * 100.0
+            print(f"{kind}: mean |error| {e.mean():.1f} %, worst {e.max():.1f} % over {len(e)} "
+                  f"configurations")
     inf = run(models, table=PUBLISHED_INFERENCE, mode="inference")
     if inf:
         print("\nInference (a separate check, not in the means above):\n")

@@ -117,6 +117,14 @@ LAMBDA = [
     ("A10", "tf32", 256, 37527),
     ("H100-SXM5-80GB", "amp", 1520, 467071),
     ("H100-SXM5-80GB", "tf32", 1024, 220229),
+    # The GH200 and the B200 (benchmarks.amp_published, LAMBDA_V2_*): the
+    # GH200's from Lambda's v2 tables, the B200's fp16 from its fp16 table
+    # and its fp32 from the run's log (its last epoch's figure, as the
+    # tables are compiled); batches as each run's log prints.
+    ("GH200-96GB", "amp", 1648, 536445),
+    ("GH200-96GB", "tf32", 1152, 262102),
+    ("B200", "amp", 3968, 852308),
+    ("B200", "tf32", 2688, 433179),
 ]
 OPTIMIZER = "adam-loop+clip"
 
