@@ -525,6 +525,8 @@ def logged_steps(rows) -> list[dict]:
 # progress bar's rate at the last of iterations 100, 50 and 15 it reached) is
 # the figure: `published` below is batch / logged step.
 LAMBDA_EARLY_LOGS = LAMBDA_BERT_LOGS.parent / "early_runs.tsv"
+# ... and of ResNet-50 (the closing compute images/s each log prints).
+LAMBDA_EARLY_RN50 = LAMBDA_BERT_LOGS.parent.parent / "lambda_resnet50" / "early_runs.tsv"
 LAMBDA_EARLY_FOLDERS = {
     "1080Ti": "GTX-1080-TI", "2080Ti": "RTX-2080-TI", "TitanRTX": "TITAN-RTX",
     "QuadroRTX6000": "QUADRO-RTX-6000", "LambdaCloud_1xQuadroRTX6000": "QUADRO-RTX-6000",
@@ -540,7 +542,9 @@ LAMBDA_EARLY = ("Lambda, https://github.com/lambdal/deeplearning-benchmark pytor
                 "(2020-2022 runs' logs; the figure is the logged step's samples/s, not a table's)")
 
 
-def _has_tf32(gpu: str) -> bool:
+def has_tf32(gpu: str) -> bool:
+    """Whether the predictor runs `gpu`'s fp32 matmuls on TF32 tensor cores
+    when asked (the standing rule)."""
     from predictor import engine, expected_error, hardware
     from predictor.kernels import layout as L
 
@@ -548,25 +552,35 @@ def _has_tf32(gpu: str) -> bool:
                                    engine.model_params(tf32_matmul=True)) == "tensor cores"
 
 
+def _tsv_rows(path: Path) -> list[dict]:
+    lines = [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
+    return list(csv.DictReader(lines, delimiter="\t"))
+
+
 @functools.lru_cache(maxsize=None)
 def lambda_early_table() -> tuple:
-    """Lambda's 2020-2022 BERT runs as rows of `PUBLISHED`'s shape, the
-    figure each run's logged samples/s; repeated runs of one configuration
-    (same board, program and batch) averaged."""
-    lines = [ln for ln in LAMBDA_EARLY_LOGS.read_text().splitlines() if not ln.startswith("#")]
-    steps: dict = {}
-    for row in csv.DictReader(lines, delimiter="\t"):
-        gpu = LAMBDA_EARLY_FOLDERS[row["folder"]]
+    """Lambda's 2020-2022 BERT and ResNet-50 runs as rows of `PUBLISHED`'s
+    shape, the figure each run's logged samples/s (BERT: batch / logged
+    step; ResNet-50: the closing compute images/s); repeated runs of one
+    configuration (same board, program and batch) averaged."""
+    rates: dict = {}
+
+    def add(model, folder, half, batch, rate):
+        gpu = LAMBDA_EARLY_FOLDERS[folder]
+        prec = "amp" if half else ("tf32" if has_tf32(gpu) else "fp32")
+        rates.setdefault((model, gpu, prec, batch), []).append(rate)
+
+    for row in _tsv_rows(LAMBDA_EARLY_LOGS):
         size = "large" if "large" in row["subfolder"] else "base"
-        if row["fp16"] == "yes":
-            prec = "amp"
-        else:
-            prec = "tf32" if _has_tf32(gpu) else "fp32"
-        rate = next(row[k] for k in ("rate_iter100", "rate_iter50", "rate_iter15") if row[k] != "-")
-        key = (f"bert-{size}-squad", gpu, prec, int(row["train_batch_size"]))
-        steps.setdefault(key, []).append(_seconds_per_step(rate))
-    return tuple((model, gpu, prec, batch, batch / float(np.mean(s)), LAMBDA_EARLY)
-                 for (model, gpu, prec, batch), s in steps.items())
+        step = next(row[k] for k in ("rate_iter100", "rate_iter50", "rate_iter15") if row[k] != "-")
+        batch = int(row["train_batch_size"])
+        add(f"bert-{size}-squad", row["folder"], row["fp16"] == "yes", batch,
+            batch / _seconds_per_step(step))
+    for row in _tsv_rows(LAMBDA_EARLY_RN50):
+        add("resnet50", row["folder"], row["amp"] == "yes", int(row["batch_size"]),
+            float(row["compute_ips"]))
+    return tuple((model, gpu, prec, batch, float(np.mean(r)), LAMBDA_EARLY)
+                 for (model, gpu, prec, batch), r in rates.items())
 
 
 def early_logged_steps(models=None, table=None) -> list[dict]:

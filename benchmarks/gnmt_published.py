@@ -66,8 +66,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.amp_published import (LAMBDA_FOLDERS, lambda_precision, lambda_source,
-                                      print_lambda_summary)
+from benchmarks.amp_published import (LAMBDA_EARLY_FOLDERS, LAMBDA_FOLDERS, has_tf32,
+                                      lambda_precision, lambda_source, print_lambda_summary)
 import predictor
 from benchmarks.plotting import identity_axes, new_figure, save
 from predictor.zoo.base import token_loss
@@ -158,11 +158,12 @@ def padded_length(tokens_a_side: float) -> int:
     return MAX_LEN if k == BUCKETS - 1 else BUCKET_WIDTH * (k + 1) - 1
 
 
-def read_log(path: Path) -> dict:
-    """One run's log: GPU, program, batch, the figure Lambda publishes (its
-    last epoch's training tokens/s) and the logged iterations (epoch, i,
-    wall s, tokens/s)."""
-    folder, math = path.stem.split("__")
+def read_log(path: Path, folders: dict | None = None) -> dict:
+    """One run's log (`folders`: its folder's GPU, default LAMBDA_FOLDERS):
+    GPU, program, batch, the figure Lambda publishes (its last epoch's
+    training tokens/s) and the logged iterations (epoch, i, wall s,
+    tokens/s)."""
+    folder, math = path.stem.split("__")[:2]
     meta = {}
     rows = []
     for line in path.read_text().splitlines():
@@ -174,8 +175,12 @@ def read_log(path: Path) -> dict:
         elif line and line[0].isdigit():
             ep, i, _n, t, _ta, _d, tok, _tka = line.split("\t")
             rows.append((int(ep), int(i), float(t), float(tok)))
-    gpu = LAMBDA_FOLDERS[folder]
-    return {"gpu": gpu, "precision": lambda_precision(gpu, math == "FP16"), "batch": meta["batch"],
+    gpu = (LAMBDA_FOLDERS if folders is None else folders)[folder]
+    if folders is None:
+        precision = lambda_precision(gpu, math == "FP16")
+    else:
+        precision = "amp" if math == "FP16" else ("tf32" if has_tf32(gpu) else "fp32")
+    return {"gpu": gpu, "precision": precision, "batch": meta["batch"],
             "published": meta["published"], "iterations": np.array(rows, dtype=float),
             "file": path.name}
 
@@ -257,6 +262,15 @@ def _log_for(gpu: str, precision: str, batch: int) -> dict | None:
     return None
 
 
+def _rate_from_log(log: dict, dtype=None) -> tuple[float, float]:
+    """(predicted tokens/s over a logged run's batches, median error of the
+    predicted step against the logged ones, %)."""
+    lengths, tokens, wall = logged_batches(log)
+    steps = {int(n): logged_run_step_s(log, int(n), dtype) for n in np.unique(lengths)}
+    pred = np.array([steps[int(n)] for n in lengths])
+    return float(np.mean(tokens / pred)), float(100 * np.median(wall / pred - 1))
+
+
 def _predicted_rate(gpu, precision, batch, dtype=None) -> tuple[float, float | None]:
     """(predicted tokens/s as the script averages it, median per-iteration
     error of the step or None). With a log of the run: the mean over its
@@ -264,10 +278,7 @@ def _predicted_rate(gpu, precision, batch, dtype=None) -> tuple[float, float | N
     padded length; without one: the same over the pooled bucket mix."""
     log = _log_for(gpu, precision, batch)
     if log is not None:
-        lengths, tokens, wall = logged_batches(log)
-        steps = {int(n): logged_run_step_s(log, int(n), dtype) for n in np.unique(lengths)}
-        pred = np.array([steps[int(n)] for n in lengths])
-        return float(np.mean(tokens / pred)), float(100 * np.median(wall / pred - 1))
+        return _rate_from_log(log, dtype)
     rate = sum(share * 2 * batch * side / step_s(gpu, precision, batch, n, dtype)
                for n, share, side in bucket_mix())
     return float(rate), None
@@ -285,6 +296,40 @@ def predict_rows(table=None) -> list[dict]:
         if prec == "amp":
             row["half_model"] = _predicted_rate(gpu, prec, batch, dtype="float16")[0]
             row["half_model_error_pct"] = 100 * (row["half_model"] / published - 1)
+        out.append(row)
+    return out
+
+
+# Lambda's 2020-2022 runs of the same script (pytorch/results/<folder>/, the
+# NGC containers of those years; benchmarks.amp_published.LAMBDA_EARLY_FOLDERS
+# names each folder's board), one file per log in the format above
+# (data/lambda_gnmt_early/<folder>__<FP16|FP32>__<log date>.tsv). No table
+# row of theirs was kept: the figure is the last epoch's training tokens/s
+# the log prints. They are not in LAMBDA's figures, the bucket mix or any band.
+EARLY_LOGS = LOGS.parent / "lambda_gnmt_early"
+
+
+@functools.lru_cache(maxsize=None)
+def early_logs() -> tuple:
+    return tuple(read_log(p, LAMBDA_EARLY_FOLDERS) for p in sorted(EARLY_LOGS.glob("*.tsv")))
+
+
+def early_rows() -> list[dict]:
+    """Each early run priced over its own logged batches (`_rate_from_log`),
+    with the standing its prediction quotes."""
+    from predictor import engine, expected_error, hardware
+    from predictor.kernels import layout as L
+
+    out = []
+    for log in early_logs():
+        prec = log["precision"]
+        row = {"gpu": log["gpu"], "precision": prec, "batch": log["batch"],
+               "published": int(log["published"]), "file": log["file"]}
+        row["predicted"], row["step_error_pct"] = _rate_from_log(log)
+        row["error_pct"] = 100 * (row["predicted"] / row["published"] - 1)
+        gemm = None if prec == "fp32" else (L.F32 if prec == "tf32" else L.F16)
+        row["standing"] = expected_error.standing(hardware.get(log["gpu"]), gemm,
+                                                  engine.model_params(tf32_matmul=prec == "tf32"))
         out.append(row)
     return out
 
@@ -387,6 +432,21 @@ def main(argv=None) -> int:
     print()
     print_table(LAMBDA_SOURCE, lam)
     print_lambda_summary(nvidia, lam)
+    early = early_rows()
+    if early:
+        print("\nLambda's 2020-2022 runs (a separate check, in no figure above): each log's "
+              "last-epoch tokens/s against the prediction over its logged batches, by the "
+              "standing its prediction quotes:\n")
+        print("| GPU | precision | batch | logged tokens/s | predicted | error "
+              "| median step error | standing |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+        for r in early:
+            print(f"| {r['gpu']} | {r['precision']} | {r['batch']:,} | {r['published']:,} | "
+                  f"{r['predicted']:,.0f} | {r['error_pct']:+.1f} % | "
+                  f"{r['step_error_pct']:+.1f} % | {r['standing']} |")
+        for kind in dict.fromkeys(r["standing"] for r in early):
+            e = [abs(r["error_pct"]) for r in early if r["standing"] == kind]
+            print(f"{kind}: mean |error| {np.mean(e):.1f} %, worst {max(e):.1f} % over {len(e)} runs")
     if args.buckets:
         print()
         print_buckets()

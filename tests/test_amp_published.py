@@ -165,11 +165,12 @@ def test_both_bert_sizes_are_traced_as_run_squad_runs_them():
 
 
 def test_lambdas_early_runs_price_fp32_on_boards_outside_the_data():
-    """Lambda's 2020-2022 BERT runs: every folder names a board of the
-    database, and the fp32 steps of the GTX 1080 Ti and the four TU102 boards (chips no op
-    model was trained on) are priced within 30 % of their logged steps
-    (+2 to +26 % today: predicted slow, the 1080 Ti most), standing "unseen";
-    the 1080 Ti's apex-O2 runs stand "emulated" (no fp16 tensor cores)."""
+    """Lambda's 2020-2022 BERT and ResNet-50 runs: every folder names a
+    board of the database, and the fp32 steps of the GTX 1080 Ti and the
+    four TU102 boards (chips no op model was trained on) are priced within
+    30 % of their logged ones (+2 to +26 % today: predicted slow, the GTX
+    1080 Ti most), standing "unseen"; the GTX 1080 Ti's half-precision runs
+    stand "emulated" (no fp16 tensor cores)."""
     table = ap.lambda_early_table()
     assert {gpu for _, gpu, _, _, _, _ in table} <= set(hardware.database().ids())
     lines = [ln for ln in ap.LAMBDA_EARLY_LOGS.read_text().splitlines() if not ln.startswith("#")]
