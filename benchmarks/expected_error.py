@@ -11,7 +11,10 @@ out of it.
 - ``trained``: the first file's labels (fp32 iterations of the five training
   boards, the shipped op models);
 - ``unseen``: the second's (each GPU's labels predicted by op models trained
-  without it);
+  without it), and every published or logged fp32 figure the harnesses
+  price on a board outside the op models' data (the V100 SXM2s, the Quadro
+  RTX 8000, and Lambda's 2020-2022 runs on a GTX 1080 Ti and four TU102
+  boards: ResNet-50, BERT, GNMT, NCF, Transformer-big);
 - ``tensor cores``: the AMP and TF32 rows of ``benchmarks.amp_published``
   (published ResNet-50 and BERT training throughput), of
   ``benchmarks.timm_published`` (timm's AMP training and inference of
@@ -73,23 +76,35 @@ def from_e2e(path: Path) -> tuple[list[str], np.ndarray]:
     return df["gpu"].astype(str).tolist(), df["err_pct"].to_numpy(np.float64)
 
 
-def from_published() -> tuple[list[str], np.ndarray]:
+def _published_candidates() -> list[dict]:
+    """Every published row the harnesses price, each with its "precision"."""
+    from benchmarks import (amp_published, gnmt_published, ncf_published, timm_published,
+                            transformer_published)
+
+    return (amp_published.run()
+            + [dict(r, precision="amp") for r in timm_published.run()]
+            + gnmt_published.predict_rows()
+            + gnmt_published.predict_rows(table=gnmt_published.LAMBDA)
+            + ncf_published.predict_rows() + ncf_published.predict_rows(ncf_published.lambda_table())
+            + transformer_published.predict_rows())
+
+
+def _early_candidates() -> list[dict]:
+    """Lambda's 2020-2022 runs the harnesses price from their logs."""
+    from benchmarks import amp_published, gnmt_published
+
+    return amp_published.early_logged_steps() + gnmt_published.early_rows()
+
+
+def from_published(candidates: list[dict] | None = None) -> tuple[list[str], np.ndarray]:
     """The published rows whose GEMMs the predictor runs on tensor cores
     (AMP, or TF32 where the GPU has TF32 tensor cores), as a prediction's
     standing is decided."""
-    from benchmarks import (amp_published, gnmt_published, ncf_published, timm_published,
-                            transformer_published)
     from predictor import engine, hardware
     from predictor.kernels import layout as L
 
-    candidates = (amp_published.run()
-                  + [dict(r, precision="amp") for r in timm_published.run()]
-                  + gnmt_published.predict_rows()
-                  + gnmt_published.predict_rows(table=gnmt_published.LAMBDA)
-                  + ncf_published.predict_rows() + ncf_published.predict_rows(ncf_published.lambda_table())
-                  + transformer_published.predict_rows())
     rows = []
-    for r in candidates:
+    for r in _published_candidates() if candidates is None else candidates:
         if r["precision"] not in ("amp", "tf32"):
             continue
         tf32 = r["precision"] == "tf32"
@@ -97,6 +112,21 @@ def from_published() -> tuple[list[str], np.ndarray]:
                                        engine.model_params(tf32_matmul=tf32))
         if kind == "tensor cores":
             rows.append(r)
+    return [r["gpu"] for r in rows], np.array([r["error_pct"] for r in rows])
+
+
+def from_published_fp32(candidates: list[dict] | None = None) -> tuple[list[str], np.ndarray]:
+    """The published and logged fp32 rows on boards outside the op models'
+    data (standing "unseen"): the harnesses' fp32 figures and Lambda's
+    2020-2022 runs' logged ones (``amp_published.early_logged_steps``,
+    ``gnmt_published.early_rows``), error as each harness states it (of the
+    throughput)."""
+    from predictor import hardware
+
+    if candidates is None:
+        candidates = _published_candidates() + _early_candidates()
+    rows = [r for r in candidates if r["precision"] == "fp32"
+            and expected_error.standing(hardware.get(r["gpu"])) == "unseen"]
     return [r["gpu"] for r in rows], np.array([r["error_pct"] for r in rows])
 
 
@@ -131,19 +161,28 @@ def main(argv=None) -> int:
     e2e_files = (args.in_dist is not None, args.logo is not None)
     if any(e2e_files) if args.published_only else not all(e2e_files):
         ap.error("give --in-dist and --logo, or --published-only")
+    candidates = _published_candidates()
     if args.published_only:
         kept = json.loads(OUT.read_text(encoding="utf-8"))["standings"]
         standings = {"trained": kept["trained"], "unseen": kept["unseen"]}
     else:
+        logo_gpus, logo_err = from_e2e(args.logo)
+        pub_gpus, pub_err = from_published_fp32(candidates + _early_candidates())
         standings = {
             "trained": standing_figures(*from_e2e(args.in_dist),
                                         "NeuSight's measured fp32 iterations of the five "
                                         "training boards, shipped op models (benchmarks.e2e)"),
-            "unseen": standing_figures(*from_e2e(args.logo),
+            "unseen": standing_figures(logo_gpus + pub_gpus,
+                                       np.concatenate([logo_err, pub_err]),
                                        "the same iterations, each GPU's predicted by op models "
-                                       "trained without it (benchmarks.e2e --logo)"),
+                                       "trained without it (benchmarks.e2e --logo), and every "
+                                       "published or logged fp32 figure on a board outside the "
+                                       "data that the harnesses price (the V100 SXM2s, Quadro "
+                                       "RTX 8000 and Lambda's 2020-2022 runs on Pascal and "
+                                       "Turing boards: ResNet-50, BERT, GNMT, NCF, "
+                                       "Transformer-big)"),
         }
-    standings["tensor cores"] = standing_figures(*from_published(),
+    standings["tensor cores"] = standing_figures(*from_published(candidates),
                                                  "published AMP and TF32 throughput: "
                                                  "ResNet-50 and BERT training "
                                                  "(benchmarks.amp_published), ResNets and "

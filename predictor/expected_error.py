@@ -14,7 +14,10 @@ standing showed against measured iterations:
 - ``unseen``: fp32 on any other GPU, including other boards of a training
   chip (an A100 SXM4 for the A100 PCIe: same kernels, another power limit
   and clock); the same iterations, each GPU's predicted by op models trained
-  without it (leave-one-GPU-out).
+  without it (leave-one-GPU-out), and the published and logged fp32
+  training throughput of boards outside the data (V100 SXM2, Quadro RTX
+  8000, GTX 1080 Ti and TU102 boards: ResNet-50, BERT, GNMT, NCF,
+  Transformer-big).
 - ``tensor cores``: half precision (``amp=``, ``dtype=float16|bfloat16``) or
   TF32 matmuls; published throughput of ResNet-50 and BERT-large training
   (NVIDIA, Lambda) and of ResNets and Inception v3 training and inference

@@ -177,3 +177,17 @@ def test_the_published_standing_reads_every_harness_table(monkeypatch):
     # (timm's rows are all taken as AMP: its V100 row counts too)
     assert len(seen) == 7 and gpus.count("A100-SXM4-80GB") == 7
     assert sorted(err) == [10.0] * 7 + [50.0]
+
+
+def test_the_unseen_standing_takes_fp32_rows_on_boards_outside_the_data():
+    """fp32 figures on a board the op models never saw join the `unseen`
+    labels; fp32 on a training board and any half-precision row do not."""
+    rows = [{"gpu": "V100-SXM2-16GB", "precision": "fp32", "error_pct": -22.0},
+            {"gpu": "GTX-1080-TI", "precision": "fp32", "error_pct": -20.8},
+            {"gpu": "V100-PCIE-32GB", "precision": "fp32", "error_pct": 5.0},
+            {"gpu": "A100-SXM4-80GB", "precision": "tf32", "error_pct": 10.0},
+            {"gpu": "GTX-1080-TI", "precision": "amp", "error_pct": -43.0}]
+    gpus, err = bench.from_published_fp32(rows)
+    assert gpus == ["V100-SXM2-16GB", "GTX-1080-TI"] and list(err) == [-22.0, -20.8]
+    gpus, err = bench.from_published(rows)
+    assert gpus == ["A100-SXM4-80GB"] and list(err) == [10.0]
