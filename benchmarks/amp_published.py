@@ -598,6 +598,13 @@ def early_logged_steps(models=None, table=None) -> list[dict]:
     return rows
 
 
+def print_by_standing(rows: list[dict], errors, what: str) -> None:
+    """Mean and worst |error| (%) of `rows` per standing, `errors` row by row."""
+    for kind in dict.fromkeys(r["standing"] for r in rows):
+        e = np.abs([x for r, x in zip(rows, errors) if r["standing"] == kind])
+        print(f"{kind}: mean |error| {e.mean():.1f} %, worst {e.max():.1f} % over {len(e)} {what}")
+
+
 # The families whose rows run GEMMs (on tensor cores where the precision has
 # them); every other family's rows are priced by the bytes they move.
 TENSOR_FAMILIES = ["conv", "conv_dgrad", "conv_wgrad", "matmul", "attention", "attention_bwd"]
@@ -691,20 +698,17 @@ def main(argv=None) -> int:
                   f"{r['published_ms']:.1f} | {r['factor']:.2f} |")
     early = early_logged_steps(models)
     if early:
-        print("\nLambda's 2020-2022 runs of the same BERT fine-tuning (a separate check, not in "
-              "the means above): each run's logged step against the predicted one, by the "
-              "standing its prediction quotes:\n")
+        print("\nLambda's 2020-2022 runs of the same BERT fine-tuning and ResNet-50 training (a "
+              "separate check, not in the means above): each run's logged step against the "
+              "predicted one, by the standing its prediction quotes:\n")
         print("| model | GPU | precision | batch | logged step ms | predicted | error | standing |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
         for r in early:
             print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | "
                   f"{1e3 * r['batch'] / r['published']:.0f} | {r['step_ms']:.0f} | "
                   f"{-100.0 * r['error_pct'] / (100.0 + r['error_pct']):+.1f} % | {r['standing']} |")
-        for kind in dict.fromkeys(r["standing"] for r in early):
-            e = np.array([abs(r["step_ms"] * r["published"] / (1e3 * r["batch"]) - 1)
-                          for r in early if r["standing"] == kind]) * 100.0
-            print(f"{kind}: mean |error| {e.mean():.1f} %, worst {e.max():.1f} % over {len(e)} "
-                  f"configurations")
+        print_by_standing(early, [100.0 * (r["step_ms"] * r["published"] / (1e3 * r["batch"]) - 1)
+                                  for r in early], "configurations")
     inf = run(models, table=PUBLISHED_INFERENCE, mode="inference")
     if inf:
         print("\nInference (a separate check, not in the means above):\n")

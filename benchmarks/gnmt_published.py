@@ -67,7 +67,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.amp_published import (LAMBDA_EARLY_FOLDERS, LAMBDA_FOLDERS, has_tf32,
-                                      lambda_precision, lambda_source, print_lambda_summary)
+                                      lambda_precision, lambda_source, print_by_standing,
+                                      print_lambda_summary)
 import predictor
 from benchmarks.plotting import identity_axes, new_figure, save
 from predictor.zoo.base import token_loss
@@ -444,9 +445,7 @@ def main(argv=None) -> int:
             print(f"| {r['gpu']} | {r['precision']} | {r['batch']:,} | {r['published']:,} | "
                   f"{r['predicted']:,.0f} | {r['error_pct']:+.1f} % | "
                   f"{r['step_error_pct']:+.1f} % | {r['standing']} |")
-        for kind in dict.fromkeys(r["standing"] for r in early):
-            e = [abs(r["error_pct"]) for r in early if r["standing"] == kind]
-            print(f"{kind}: mean |error| {np.mean(e):.1f} %, worst {max(e):.1f} % over {len(e)} runs")
+        print_by_standing(early, [r["error_pct"] for r in early], "runs")
     if args.buckets:
         print()
         print_buckets()
