@@ -517,15 +517,16 @@ def logged_steps(rows) -> list[dict]:
     return out
 
 
-# Lambda's earlier runs of the same fine-tuning (2020-2022, NGC containers of
-# those years), on boards its later tables dropped or never had: the GTX 1080
-# Ti (Pascal GP102) and four TU102 boards, whose fp32 steps no chip of the op
-# models' data ran, and Ampere boards in TF32 and apex O2. Their tables' rows
-# were not kept beside the logs, so each run's own logged step (the
-# progress bar's rate at the last of iterations 100, 50 and 15 it reached) is
-# the figure: `published` below is batch / logged step.
+# Lambda's earlier runs of the same BERT fine-tuning and ResNet-50 training
+# (2020-2022, NGC containers of those years), on boards its later tables
+# dropped or never had: the GTX 1080 Ti (Pascal GP102) and four TU102 boards,
+# whose fp32 steps no chip of the op models' data ran, and Turing and Ampere
+# boards in TF32 and half precision. Their tables' rows were not kept beside
+# the logs, so each run's own logged rate is the figure (`published` below):
+# BERT's batch / logged step (the progress bar's rate at the last of
+# iterations 100, 50 and 15 it reached), ResNet-50's closing compute
+# images/s.
 LAMBDA_EARLY_LOGS = LAMBDA_BERT_LOGS.parent / "early_runs.tsv"
-# ... and of ResNet-50 (the closing compute images/s each log prints).
 LAMBDA_EARLY_RN50 = LAMBDA_BERT_LOGS.parent.parent / "lambda_resnet50" / "early_runs.tsv"
 LAMBDA_EARLY_FOLDERS = {
     "1080Ti": "GTX-1080-TI", "2080Ti": "RTX-2080-TI", "TitanRTX": "TITAN-RTX",
@@ -539,17 +540,24 @@ LAMBDA_EARLY_FOLDERS = {
     "A100_80GB_PCIe": "A100-PCIE-80GB",
 }
 LAMBDA_EARLY = ("Lambda, https://github.com/lambdal/deeplearning-benchmark pytorch/results/<folder>/ "
-                "(2020-2022 runs' logs; the figure is the logged step's samples/s, not a table's)")
+                "(2020-2022 runs' logs; the figure is each run's logged samples/s, not a table's)")
+
+
+def standing_of(gpu: str, precision: str) -> str:
+    """The standing (``predictor.expected_error.standing``) a prediction of a
+    `precision` ("fp32", "tf32" or "amp") row on `gpu` quotes."""
+    from predictor import engine, expected_error, hardware
+    from predictor.kernels import layout as L
+
+    tf32 = precision == "tf32"
+    gemm = None if precision == "fp32" else (L.F32 if tf32 else L.F16)
+    return expected_error.standing(hardware.get(gpu), gemm, engine.model_params(tf32_matmul=tf32))
 
 
 def has_tf32(gpu: str) -> bool:
     """Whether the predictor runs `gpu`'s fp32 matmuls on TF32 tensor cores
     when asked (the standing rule)."""
-    from predictor import engine, expected_error, hardware
-    from predictor.kernels import layout as L
-
-    return expected_error.standing(hardware.get(gpu), L.F32,
-                                   engine.model_params(tf32_matmul=True)) == "tensor cores"
+    return standing_of(gpu, "tf32") == "tensor cores"
 
 
 def _tsv_rows(path: Path) -> list[dict]:
@@ -585,16 +593,13 @@ def lambda_early_table() -> tuple:
 
 def early_logged_steps(models=None, table=None) -> list[dict]:
     """`run` on `table` (default `lambda_early_table()`), each row with the
-    standing a prediction of it quotes (``predictor.expected_error.standing``)."""
-    from predictor import engine, expected_error, hardware
-    from predictor.kernels import layout as L
-
+    standing a prediction of it quotes (``predictor.expected_error.standing``)
+    and the error of its predicted step against the logged one
+    (`step_error_pct`, positive: predicted slow)."""
     rows = run(models, table=lambda_early_table() if table is None else table)
     for r in rows:
-        tf32 = r["precision"] == "tf32"
-        gemm = None if r["precision"] == "fp32" else (L.F32 if tf32 else L.F16)
-        r["standing"] = expected_error.standing(hardware.get(r["gpu"]), gemm,
-                                                engine.model_params(tf32_matmul=tf32))
+        r["standing"] = standing_of(r["gpu"], r["precision"])
+        r["step_error_pct"] = 100.0 * (r["published"] / r["predicted"] - 1)
     return rows
 
 
@@ -706,9 +711,8 @@ def main(argv=None) -> int:
         for r in early:
             print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | "
                   f"{1e3 * r['batch'] / r['published']:.0f} | {r['step_ms']:.0f} | "
-                  f"{-100.0 * r['error_pct'] / (100.0 + r['error_pct']):+.1f} % | {r['standing']} |")
-        print_by_standing(early, [100.0 * (r["step_ms"] * r["published"] / (1e3 * r["batch"]) - 1)
-                                  for r in early], "configurations")
+                  f"{r['step_error_pct']:+.1f} % | {r['standing']} |")
+        print_by_standing(early, [r["step_error_pct"] for r in early], "configurations")
     inf = run(models, table=PUBLISHED_INFERENCE, mode="inference")
     if inf:
         print("\nInference (a separate check, not in the means above):\n")

@@ -28,8 +28,9 @@ and the share of its own labels inside it. A band that holds about 90 % of
 a left-out GPU's predictions is one a GPU outside the data can trust.
 ``--write`` stores the figures in ``predictor/weights/expected_error.json``
 (atomically). ``--published-only`` recomputes the ``tensor cores`` standing
-alone (30 s) and keeps the two e2e standings of that file: for a change of
-the tensor-core pricing, which the fp32 e2e labels do not see."""
+alone (100 s) and keeps the other two of that file: for a change of the
+tensor-core pricing, which no fp32 figure sees (a change of fp32 pricing
+moves the ``unseen`` standing's published rows too: run the whole)."""
 
 from __future__ import annotations
 
@@ -100,18 +101,11 @@ def from_published(candidates: list[dict] | None = None) -> tuple[list[str], np.
     """The published rows whose GEMMs the predictor runs on tensor cores
     (AMP, or TF32 where the GPU has TF32 tensor cores), as a prediction's
     standing is decided."""
-    from predictor import engine, hardware
-    from predictor.kernels import layout as L
+    from benchmarks.amp_published import standing_of
 
-    rows = []
-    for r in _published_candidates() if candidates is None else candidates:
-        if r["precision"] not in ("amp", "tf32"):
-            continue
-        tf32 = r["precision"] == "tf32"
-        kind = expected_error.standing(hardware.get(r["gpu"]), L.F32 if tf32 else L.F16,
-                                       engine.model_params(tf32_matmul=tf32))
-        if kind == "tensor cores":
-            rows.append(r)
+    rows = [r for r in (_published_candidates() if candidates is None else candidates)
+            if r["precision"] in ("amp", "tf32")
+            and standing_of(r["gpu"], r["precision"]) == "tensor cores"]
     return [r["gpu"] for r in rows], np.array([r["error_pct"] for r in rows])
 
 
@@ -121,12 +115,12 @@ def from_published_fp32(candidates: list[dict] | None = None) -> tuple[list[str]
     2020-2022 runs' logged ones (``amp_published.early_logged_steps``,
     ``gnmt_published.early_rows``), error as each harness states it (of the
     throughput)."""
-    from predictor import hardware
+    from benchmarks.amp_published import standing_of
 
     if candidates is None:
         candidates = _published_candidates() + _early_candidates()
-    rows = [r for r in candidates if r["precision"] == "fp32"
-            and expected_error.standing(hardware.get(r["gpu"])) == "unseen"]
+    rows = [r for r in candidates
+            if r["precision"] == "fp32" and standing_of(r["gpu"], "fp32") == "unseen"]
     return [r["gpu"] for r in rows], np.array([r["error_pct"] for r in rows])
 
 

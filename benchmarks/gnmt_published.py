@@ -68,7 +68,7 @@ import numpy as np
 
 from benchmarks.amp_published import (LAMBDA_EARLY_FOLDERS, LAMBDA_FOLDERS, has_tf32,
                                       lambda_precision, lambda_source, print_by_standing,
-                                      print_lambda_summary)
+                                      print_lambda_summary, standing_of)
 import predictor
 from benchmarks.plotting import identity_axes, new_figure, save
 from predictor.zoo.base import token_loss
@@ -306,7 +306,9 @@ def predict_rows(table=None) -> list[dict]:
 # names each folder's board), one file per log in the format above
 # (data/lambda_gnmt_early/<folder>__<FP16|FP32>__<log date>.tsv). No table
 # row of theirs was kept: the figure is the last epoch's training tokens/s
-# the log prints. They are not in LAMBDA's figures, the bucket mix or any band.
+# the log prints. They are not in LAMBDA's figures or the bucket mix; their
+# fp32 runs on boards outside the data join the `unseen` band
+# (benchmarks.expected_error).
 EARLY_LOGS = LOGS.parent / "lambda_gnmt_early"
 
 
@@ -318,19 +320,13 @@ def early_logs() -> tuple:
 def early_rows() -> list[dict]:
     """Each early run priced over its own logged batches (`_rate_from_log`),
     with the standing its prediction quotes."""
-    from predictor import engine, expected_error, hardware
-    from predictor.kernels import layout as L
-
     out = []
     for log in early_logs():
-        prec = log["precision"]
-        row = {"gpu": log["gpu"], "precision": prec, "batch": log["batch"],
-               "published": int(log["published"]), "file": log["file"]}
+        row = {"gpu": log["gpu"], "precision": log["precision"], "batch": log["batch"],
+               "published": int(log["published"]), "file": log["file"],
+               "standing": standing_of(log["gpu"], log["precision"])}
         row["predicted"], row["step_error_pct"] = _rate_from_log(log)
         row["error_pct"] = 100 * (row["predicted"] / row["published"] - 1)
-        gemm = None if prec == "fp32" else (L.F32 if prec == "tf32" else L.F16)
-        row["standing"] = expected_error.standing(hardware.get(log["gpu"]), gemm,
-                                                  engine.model_params(tf32_matmul=prec == "tf32"))
         out.append(row)
     return out
 
