@@ -340,7 +340,8 @@ def error_cell(p90) -> str:
 # What the tables' "±err" column means (predictor.expected_error).
 ERROR_COLUMN_NOTE = ("±err: 90 % of measured iterations predicted the same way were within this "
                      "(trained: fp32 on a board of the op models' data; unseen: fp32 on any other "
-                     "board, measured on GPUs left out of training; tensor cores: published "
+                     "board, measured on GPUs left out of training and published fp32 runs of "
+                     "other boards; tensor cores: published "
                      "AMP/TF32 runs; -: nothing of the kind measured, as a calibrated prediction "
                      "or half precision without tensor cores for it); README, 'How accurate'")
 
