@@ -17,8 +17,10 @@ functions with their defaults (seed 0, 60 epochs):
 - ``e2e.in-dist.<mode>`` and ``e2e.in-dist.all``: the same with the shipped
   weights (``benchmarks.e2e``), per mode over all GPUs and overall;
 - ``e2e.in-dist.p90`` and ``e2e.logo.p90``: the 90th percentile of |error|
-  over all labels of each run, the figures the predictions quote as their
-  ``trained`` and ``unseen`` bands (``predictor.expected_error``). Beside the
+  over all labels of each run: the ``trained`` band the predictions quote
+  (``predictor.expected_error``), and the part of the ``unseen`` band the
+  leave-one-GPU-out labels give (the band also takes published fp32
+  figures of boards outside the data, ``benchmarks.expected_error``). Beside the
   comparison, a quoted band below the run's figure by more than the
   tolerance fails too: a prediction must not promise more than is measured
   (rewrite the bands with ``python -m benchmarks.expected_error``).

@@ -247,10 +247,17 @@ def test_a_quoted_band_narrower_than_measured_fails():
 
 
 def test_the_shipped_bands_are_the_shipped_figures():
+    """The `trained` band is the gate's in-distribution p90; the `unseen`
+    band, drawn from the leave-one-GPU-out labels and the published fp32
+    figures on boards outside the data (benchmarks.expected_error), is no
+    narrower than the gate's leave-one-GPU-out p90 alone."""
     from predictor import expected_error
 
     quoted = expected_error.shipped()
     figures = R.load_figures(R.SHIPPED)
     for name, standing in R.QUOTED_BANDS.items():
         if standing in quoted and name in figures:
-            assert quoted[standing] == pytest.approx(figures[name], abs=0.05)
+            if standing == "unseen":
+                assert quoted[standing] >= figures[name] - 0.05
+            else:
+                assert quoted[standing] == pytest.approx(figures[name], abs=0.05)
