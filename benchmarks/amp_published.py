@@ -455,16 +455,17 @@ LAMBDA_FOLDERS = {
     "LambdaOD_1x_1xGH200_96GB_192-222-57-0_v2": "GH200-96GB",
     "LambdaOD_test_1xB200_192GB_129-213-83-251_v2": "B200",
 }
-# Lambda's boards without TF32: their fp32 column is plain fp32.
-LAMBDA_NO_TF32 = ("QUADRO-RTX-8000", "V100-SXM2-16GB")
-
-
 def lambda_precision(gpu: str, fp16: bool) -> str:
     """The precision a Lambda run's column is on `gpu`: "amp" for its fp16
-    column, "fp32" or "tf32" (where the GPU has TF32) for its fp32 one."""
+    column, "tf32" for its fp32 one where the GPU runs fp32 matmuls on TF32
+    tensor cores (``kernels.precision.has_tf32``; NGC containers turn TF32 on),
+    "fp32" elsewhere."""
+    from predictor import hardware
+    from predictor.kernels import precision
+
     if fp16:
         return "amp"
-    return "fp32" if gpu in LAMBDA_NO_TF32 else "tf32"
+    return "tf32" if precision.has_tf32(hardware.get(gpu).features) else "fp32"
 
 
 def _seconds_per_step(rate: str) -> float:
@@ -554,11 +555,6 @@ def standing_of(gpu: str, precision: str) -> str:
     return expected_error.standing(hardware.get(gpu), gemm, engine.model_params(tf32_matmul=tf32))
 
 
-def has_tf32(gpu: str) -> bool:
-    """Whether the predictor runs `gpu`'s fp32 matmuls on TF32 tensor cores
-    when asked (the standing rule)."""
-    return standing_of(gpu, "tf32") == "tensor cores"
-
 
 def _tsv_rows(path: Path) -> list[dict]:
     lines = [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
@@ -575,8 +571,7 @@ def lambda_early_table() -> tuple:
 
     def add(model, folder, half, batch, rate):
         gpu = LAMBDA_EARLY_FOLDERS[folder]
-        prec = "amp" if half else ("tf32" if has_tf32(gpu) else "fp32")
-        rates.setdefault((model, gpu, prec, batch), []).append(rate)
+        rates.setdefault((model, gpu, lambda_precision(gpu, half), batch), []).append(rate)
 
     for row in _tsv_rows(LAMBDA_EARLY_LOGS):
         size = "large" if "large" in row["subfolder"] else "base"

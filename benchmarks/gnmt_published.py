@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.amp_published import (LAMBDA_EARLY_FOLDERS, LAMBDA_FOLDERS, has_tf32,
+from benchmarks.amp_published import (LAMBDA_EARLY_FOLDERS, LAMBDA_FOLDERS,
                                       lambda_precision, lambda_source, print_by_standing,
                                       print_lambda_summary, standing_of)
 import predictor
@@ -177,11 +177,7 @@ def read_log(path: Path, folders: dict | None = None) -> dict:
             ep, i, _n, t, _ta, _d, tok, _tka = line.split("\t")
             rows.append((int(ep), int(i), float(t), float(tok)))
     gpu = (LAMBDA_FOLDERS if folders is None else folders)[folder]
-    if folders is None:
-        precision = lambda_precision(gpu, math == "FP16")
-    else:
-        precision = "amp" if math == "FP16" else ("tf32" if has_tf32(gpu) else "fp32")
-    return {"gpu": gpu, "precision": precision, "batch": meta["batch"],
+    return {"gpu": gpu, "precision": lambda_precision(gpu, math == "FP16"), "batch": meta["batch"],
             "published": meta["published"], "iterations": np.array(rows, dtype=float),
             "file": path.name}
 
