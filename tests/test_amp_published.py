@@ -1,6 +1,6 @@
 """The published-throughput table of benchmarks/amp_published.py: well-formed rows
 and the rank correlation it reports (the run itself is a benchmark: only the
-early runs' fp32 check traces, BERT's two sizes)."""
+early runs' fp32 check traces, BERT's two sizes and ResNet-50)."""
 
 import math
 

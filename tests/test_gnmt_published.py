@@ -133,8 +133,8 @@ def test_the_step_plot_draws_every_run_and_length(tmp_path):
 
 def test_lambdas_early_runs_are_read_with_their_boards_and_priced():
     """Lambda's 2020-2022 GNMT logs (data/lambda_gnmt_early): each names a
-    board of the database by its folder, its figure is its last epoch's, and
-    none of them enters LAMBDA's figures or the bucket mix. Priced over
+    board of the database by its folder, and none of them enters LAMBDA's
+    figures or the bucket mix. Priced over
     their own batches, the fp32 runs on the GTX 1080 Ti, TITAN RTX and
     Quadro RTX 6000 (chips outside the data) stand "unseen" and come within
     45 % (all slow today, as the Quadro RTX 8000's and V100's fp32 rows of
