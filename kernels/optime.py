@@ -142,14 +142,27 @@ def _row_us(family, dtype_code, kernels, d, gpu, params, mlp):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
     if mode == precision.TENSOR_CORE:
-        return precision.tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp)
+        t = precision.tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp)
+        if precision.cuda_cores_compete(family, dtype_code, d):
+            t = min(t, _cuda_core_us(family, dtype_code, kernels, d, gpu,
+                                     precision.without_tf32(params), mlp, False))
+        return t
     if mode == precision.AS_FP32:
         d32 = np.empty_like(d)
         precision.fp32_dims(family, dtype_code, d, d32)
         d, dtype_code = d32, L.F32
+    return _cuda_core_us(family, dtype_code, kernels, d, gpu, params, mlp, False)
+
+
+@njit(cache=True)
+def _cuda_core_us(family, dtype_code, kernels, d, gpu, params, mlp, isolated):
+    """A row on CUDA cores: its group's learned model, else the analytical one
+    (`isolated`: as a per-op benchmark measures it, one launch)."""
     group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
-        return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
+        return analytical_time_us(family, dtype_code, 1 if isolated else kernels, d, gpu, params)
+    if isolated:
+        return learned_row_us(group, family, dtype_code, d, gpu, params, mlp, True)
     return learned_row_us(group, family, dtype_code, d, gpu, params, mlp, False) \
         + kernels * params[P_LAUNCH_US]
 
@@ -178,15 +191,16 @@ def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)
     if mode == precision.TENSOR_CORE:
-        return precision.tensor_core_us(family, dtype_code, 1, d, gpu, params, mlp)
+        t = precision.tensor_core_us(family, dtype_code, 1, d, gpu, params, mlp)
+        if precision.cuda_cores_compete(family, dtype_code, d):
+            t = min(t, _cuda_core_us(family, dtype_code, 1, d, gpu,
+                                     precision.without_tf32(params), mlp, True))
+        return t
     if mode == precision.AS_FP32:
         d32 = np.empty_like(d)
         precision.fp32_dims(family, dtype_code, d, d32)
         d, dtype_code = d32, L.F32
-    group = serving_group(family, d, mlp)
-    if not has_group(mlp, group):
-        return analytical_time_us(family, dtype_code, 1, d, gpu, params)
-    return learned_row_us(group, family, dtype_code, d, gpu, params, mlp, True)
+    return _cuda_core_us(family, dtype_code, 1, d, gpu, params, mlp, True)
 
 
 @njit(cache=True)

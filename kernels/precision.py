@@ -275,6 +275,27 @@ def aligned(family, dtype_code, d):
     return (d[1] // g) % a == 0 and (d[4] // g) % a == 0
 
 
+@njit(cache=True)
+def cuda_cores_compete(family, dtype_code, d):
+    """Whether the library's CUDA-core kernels stay candidates for a
+    tensor-core row: an fp32 (TF32) GEMM or convolution whose dims break the
+    alignment rule. TF32 is a permission, not an order (cuBLAS's
+    CUBLAS_TF32_TENSOR_OP_MATH, cuDNN's default math): the fp32 kernels remain
+    in the heuristics' choice, and where the tensor cores lose their fast
+    kernels they need not be the faster one. On a GeForce-class chip the
+    TF32 peak is the fp32 one (GA102, AD102), so the fallback there is never
+    slower than plain fp32."""
+    return dtype_code == L.F32 and not aligned(family, dtype_code, d)
+
+
+@njit(cache=True)
+def without_tf32(params):
+    """`params` with fp32 matmuls on the CUDA cores (the FFMA kernels)."""
+    p = params.copy()
+    p[P_TF32_MATMUL] = 0.0
+    return p
+
+
 # Most slices split-K cuts one reduction into: of the NeuSight training
 # files' split fp32 GEMMs (cuBLAS launches, grid z), 90 % take 7-23 slices
 # and 99 % 25-72, per GPU.

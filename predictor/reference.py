@@ -603,6 +603,16 @@ def fp32_dims(family: int, dtype_code: int, d) -> list[int]:
     return out
 
 
+def _tc_aligned(family: int, dtype_code: int, d) -> bool:
+    """precision.aligned: 16-byte rows in the dims the library reads."""
+    a = {L.F32: 4, L.F8: 16}.get(dtype_code, 8)
+    if family == L.MATMUL:
+        return d[3] % a == 0 and d[2] % a == 0 and (
+            not (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) or d[1] % a == 0)
+    g = max(d[9], 1)
+    return (d[1] // g) % a == 0 and (d[4] // g) % a == 0
+
+
 def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params, mlp) -> float:
     """precision.tensor_core_us: tiles one per SM per wave, the reduction split
     into the slice count that finishes soonest, k-step, alignment, achievable
@@ -619,13 +629,7 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params, m
     flops, elems = flops_and_elems(family, d)
     gemm_flops = 2.0 * bt * m * n * k
     ratio = min(flops / gemm_flops, 1.0)
-    a = {L.F32: 4, L.F8: 16}.get(dtype_code, 8)
-    if family == L.MATMUL:
-        ok = d[3] % a == 0 and d[2] % a == 0 and (
-            not (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) or d[1] % a == 0)
-    else:
-        g = max(d[9], 1)
-        ok = (d[1] // g) % a == 0 and (d[4] // g) % a == 0
+    ok = _tc_aligned(family, dtype_code, d)
     slowdown = P.UNALIGNED_SLOWDOWN_HOPPER if gpu[L.G_CC_MAJOR] == 9.0 else P.UNALIGNED_SLOWDOWN
     eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else slowdown)
     if dtype_code == L.F8:
@@ -755,7 +759,13 @@ def _row_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         return 0.0
     mode = precision_mode(family, dtype_code, gpu, params)
     if mode == 1:
-        return tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp)
+        t = tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp)
+        if dtype_code == L.F32 and not _tc_aligned(family, dtype_code, d):
+            # precision.cuda_cores_compete: the FFMA kernels stay candidates
+            p = list(params)
+            p[R.P_TF32_MATMUL] = 0.0
+            t = min(t, _row_us(family, dtype_code, kernels, d, gpu, p, mlp))
+        return t
     if mode == 2:
         d, dtype_code = fp32_dims(family, dtype_code, d), L.F32
     group = serving_group(family, d, mlp)

@@ -730,3 +730,46 @@ def test_an_unaligned_gemm_pays_hoppers_measured_factor_there_and_two_elsewhere(
         # compute-bound at this size: the factor, give or take the launch
         assert t_u / t_a == pytest.approx(factor, rel=0.02), gid
     assert precision.UNALIGNED_SLOWDOWN_HOPPER > precision.UNALIGNED_SLOWDOWN
+
+
+def test_an_unaligned_tf32_gemm_never_costs_more_than_its_fp32_kernels():
+    """TF32 permits tensor cores; it does not oblige them. Where a GEMM's dims
+    break the alignment rule the library's FFMA kernels stay candidates
+    (kernels.precision.cuda_cores_compete), so the row costs the cheaper of
+    the two prices: on a GeForce-class chip (TF32 peak = fp32 peak) the
+    slowed tensor-core price of a large GEMM exceeds the fp32 one, and a
+    GEMV (GNMT's attention score, N = 1) is never priced as 128 x 128
+    tensor-core tiles. An aligned twin keeps the tensor-core price; the
+    reference implementation agrees."""
+    from predictor import hardware, opmodel, reference
+    from predictor.kernels.optime import op_time_us
+
+    mlp = opmodel.weights()
+    tf32, fp32 = default_params(), default_params()
+    tf32[precision.P_TF32_MATMUL] = 1.0
+    gemv = np.zeros(L.MAX_DIMS, dtype=np.int64)
+    gemv[:5] = (1, 1024, 1, 861184, L.GEMM_A_T)
+    for gid in ("RTX-3090", "A10", "A100-SXM4-80GB", "H100-SXM5-80GB"):
+        f = hardware.get(gid).features
+        for d in (_gemm(8352, 31794, 1024), gemv):
+            assert precision.cuda_cores_compete(L.MATMUL, L.F32, d)
+            t = op_time_us(L.MATMUL, L.F32, 1, d, f, tf32, mlp)
+            tc = precision.tensor_core_us(L.MATMUL, L.F32, 1, d, f, tf32, mlp)
+            cuda = op_time_us(L.MATMUL, L.F32, 1, d, f, fp32, mlp)
+            assert t == pytest.approx(min(tc, cuda), rel=1e-9), gid
+            assert reference.op_time_us(L.MATMUL, L.F32, 1, [int(v) for v in d], list(f),
+                                        tf32, mlp) == pytest.approx(t, rel=1e-9), gid
+        aligned = _gemm(8352, 31792, 1024)
+        assert not precision.cuda_cores_compete(L.MATMUL, L.F32, aligned)
+        assert op_time_us(L.MATMUL, L.F32, 1, aligned, f, tf32, mlp) == pytest.approx(
+            precision.tensor_core_us(L.MATMUL, L.F32, 1, aligned, f, tf32, mlp), rel=1e-9)
+    # Where it decides: the GA102's classifier GEMM and every board's GEMV.
+    f = hardware.get("RTX-3090").features
+    big = _gemm(8352, 31794, 1024)
+    assert op_time_us(L.MATMUL, L.F32, 1, big, f, fp32, mlp) \
+        < precision.tensor_core_us(L.MATMUL, L.F32, 1, big, f, tf32, mlp)
+    f = hardware.get("H100-SXM5-80GB").features
+    assert op_time_us(L.MATMUL, L.F32, 1, gemv, f, fp32, mlp) \
+        < precision.tensor_core_us(L.MATMUL, L.F32, 1, gemv, f, tf32, mlp)
+    # A bf16 row keeps its tensor-core price: no fp32 kernel runs it.
+    assert not precision.cuda_cores_compete(L.MATMUL, L.BF16, _gemm(8192, 30522, 1024))
