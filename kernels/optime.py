@@ -155,6 +155,19 @@ def _row_us(family, dtype_code, kernels, d, gpu, params, mlp):
 
 
 @njit(cache=True)
+def on_cuda_cores(family, dtype_code, kernels, d, gpu, params, mlp):
+    """Whether a tensor-core row is priced as its CUDA-core kernels: an
+    unaligned TF32 GEMM whose fp32 price is the lower
+    (`precision.cuda_cores_compete`)."""
+    if precision.mode_of(family, dtype_code, gpu, params) != precision.TENSOR_CORE \
+            or not precision.cuda_cores_compete(family, dtype_code, d):
+        return False
+    tc = precision.tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp)
+    return _cuda_core_us(family, dtype_code, kernels, d, gpu, precision.without_tf32(params),
+                         mlp, False) < tc
+
+
+@njit(cache=True)
 def _cuda_core_us(family, dtype_code, kernels, d, gpu, params, mlp, isolated):
     """A row on CUDA cores: its group's learned model, else the analytical one
     (`isolated`: as a per-op benchmark measures it, one launch)."""

@@ -278,13 +278,14 @@ def aligned(family, dtype_code, d):
 @njit(cache=True)
 def cuda_cores_compete(family, dtype_code, d):
     """Whether the library's CUDA-core kernels stay candidates for a
-    tensor-core row: an fp32 (TF32) GEMM or convolution whose dims break the
-    alignment rule. TF32 is a permission, not an order (cuBLAS's
-    CUBLAS_TF32_TENSOR_OP_MATH, cuDNN's default math): the fp32 kernels remain
-    in the heuristics' choice, and where the tensor cores lose their fast
-    kernels they need not be the faster one. On a GeForce-class chip the
-    TF32 peak is the fp32 one (GA102, AD102), so the fallback there is never
-    slower than plain fp32."""
+    tensor-core row: an fp32 GEMM on TF32 tensor cores whose dims break the
+    alignment rule (the row then costs the cheaper of the two prices). TF32
+    is a permission, not an order (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH): the
+    fp32 kernels remain in the heuristics' choice, and where the tensor cores
+    lose their fast kernels they need not be the faster one. Two cases
+    decide: on a GA102 or AD102 board the TF32 peak is the fp32 one, so the
+    slowed tensor-core price of a large GEMM exceeds the fp32 kernels'; and a
+    GEMV (N = 1) would otherwise be priced as 128 x 128 tensor-core tiles."""
     return dtype_code == L.F32 and not aligned(family, dtype_code, d)
 
 

@@ -19,7 +19,7 @@ from predictor.kernels import layout as L
 from predictor.kernels import precision
 from predictor.kernels.clocks import power_limit_share
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
-from predictor.kernels.optime import learned_rows, recurrent_params
+from predictor.kernels.optime import learned_rows, on_cuda_cores, recurrent_params
 from predictor.kernels.recurrent import is_recurrent
 from predictor.kernels.roofline import (GENERIC_KERNEL_FAMILIES, P_LAUNCH_US, P_TF32_CONV,
                                        P_TF32_MATMUL, default_params, generic_kernel_us)
@@ -99,6 +99,19 @@ def _element_bound(ops, batch: int, gpu: np.ndarray, per_op_us: np.ndarray,
             launches = ops.kernels[i] * params[P_LAUNCH_US]
             out[i] = per_op_us[i] <= (bound + launches) * (1.0 + 1e-9)
     return out
+
+
+def _on_cuda_cores(ops, batch: int, gpu: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """Rows on tensor cores by their dtype that are priced as their CUDA-core
+    kernels at this batch (an unaligned TF32 GEMM whose fp32 price is the
+    lower, kernels.optime.on_cuda_cores): their basis is the learned fp32
+    model's where one serves them."""
+    out = np.zeros(len(ops), dtype=bool)
+    mlp = _mlp()
+    d = ops.dims(batch)
+    for i in np.flatnonzero((ops.family == L.MATMUL) & (ops.dtype == L.F32)):
+        out[i] = on_cuda_cores(L.MATMUL, L.F32, ops.kernels[i], d[i], gpu, params, mlp)
+    return out & learned_rows(ops.family, mlp)
 
 
 def model_params(tf32_matmul: bool | None = None, tf32_conv: bool | None = None) -> np.ndarray:
@@ -283,6 +296,7 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
         params = model_params(tf32_matmul, tf32_conv)
         basis = predicted_basis(ops, g.features, params)
         basis[_element_bound(ops, b, g.features, per_op, params)] = L.BASIS_ANALYTICAL
+        basis[_on_cuda_cores(ops, b, g.features, params)] = L.BASIS_LEARNED
     fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
     return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
                       backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,

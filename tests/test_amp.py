@@ -773,3 +773,21 @@ def test_an_unaligned_tf32_gemm_never_costs_more_than_its_fp32_kernels():
         < precision.tensor_core_us(L.MATMUL, L.F32, 1, gemv, f, tf32, mlp)
     # A bf16 row keeps its tensor-core price: no fp32 kernel runs it.
     assert not precision.cuda_cores_compete(L.MATMUL, L.BF16, _gemm(8192, 30522, 1024))
+
+
+def test_a_tf32_row_priced_on_cuda_cores_says_learned():
+    """The op table's basis follows the kernels that priced a row: an
+    unaligned TF32 GEMM whose fp32 price won (on an RTX 3090, a classifier of
+    1,001 classes) is the learned fp32 model's; TF32 off, every fp32 GEMM
+    is learned; an aligned twin on tensor cores stays analytical."""
+    head = lambda n: torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, n))
+    rows = lambda b: torch.randn(b, 1024)
+    unaligned = predictor.trace(lambda: head(1001), rows, batch_size=8192, name="u")
+    aligned = predictor.trace(lambda: head(1000), rows, batch_size=8192, name="a")
+    p = predictor.predict(unaligned, "RTX-3090", tf32_matmul=True)
+    mm = p.ops[p.ops.family == "matmul"]
+    assert (mm.basis == "learned").any() and (mm.basis == "analytical").any()
+    assert (predictor.predict(unaligned, "RTX-3090").ops.query("family == 'matmul'").basis
+            == "learned").all()
+    q = predictor.predict(aligned, "RTX-3090", tf32_matmul=True)
+    assert (q.ops[q.ops.family == "matmul"].basis == "analytical").all()
