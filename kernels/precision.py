@@ -106,7 +106,13 @@ UNALIGNED_SLOWDOWN = 2.0
 # (benchmarks/data/h200/rows), ran 2.95-3.18x the aligned price (median
 # 3.09), its aligned GEMMs of the same step within 0-10 % of theirs; the
 # TF32 ones about as much. Hopper's aligned kernels load and store by TMA,
-# which needs 16-byte rows, so an unaligned GEMM loses more there.
+# which needs 16-byte rows, so an unaligned GEMM loses more there. Data-centre
+# Blackwell (compute capability 10.x; 11.x is the same line's embedded part)
+# feeds its tensor cores (tcgen05) the same way: CUTLASS's SM100 kernels are
+# TMA-fed, and those for operands under 16-byte alignment use cp.async
+# (NVIDIA/cutlass issue 2491, kernels added in CUTLASS 4.2), so it takes
+# Hopper's factor. GeForce and workstation Blackwell (12.x) run warp-level
+# MMA as Ampere and Ada do, and keep UNALIGNED_SLOWDOWN.
 UNALIGNED_SLOWDOWN_HOPPER = 3.1
 # Output tile of the tensor-core GEMM and convolution kernels, one resident per
 # SM (cuBLAS/CUTLASS 128x128 and 128x256 tiles on Ampere and Hopper fill an
@@ -255,8 +261,16 @@ def _cdiv(a, b):
 @njit(cache=True)
 def unaligned_slowdown(gpu):
     """The factor on a tensor-core GEMM's time when a dim breaks the
-    alignment rule: Hopper's measured one, elsewhere UNALIGNED_SLOWDOWN."""
-    return UNALIGNED_SLOWDOWN_HOPPER if gpu[L.G_CC_MAJOR] == 9.0 else UNALIGNED_SLOWDOWN
+    alignment rule: Hopper's measured one on the TMA-fed tensor cores
+    (compute capability 9.x to 11.x), elsewhere UNALIGNED_SLOWDOWN."""
+    return UNALIGNED_SLOWDOWN_HOPPER if tma_fed(gpu) else UNALIGNED_SLOWDOWN
+
+
+@njit(cache=True)
+def tma_fed(gpu):
+    """Whether the GPU's tensor-core GEMMs take their operands by TMA, which
+    needs 16-byte rows: Hopper (9.x) and data-centre Blackwell (10.x, 11.x)."""
+    return 9.0 <= gpu[L.G_CC_MAJOR] < 12.0
 
 
 @njit(cache=True)

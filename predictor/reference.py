@@ -630,7 +630,8 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params, m
     gemm_flops = 2.0 * bt * m * n * k
     ratio = min(flops / gemm_flops, 1.0)
     ok = _tc_aligned(family, dtype_code, d)
-    slowdown = P.UNALIGNED_SLOWDOWN_HOPPER if gpu[L.G_CC_MAJOR] == 9.0 else P.UNALIGNED_SLOWDOWN
+    slowdown = (P.UNALIGNED_SLOWDOWN_HOPPER if 9.0 <= gpu[L.G_CC_MAJOR] < 12.0  # precision.tma_fed
+                else P.UNALIGNED_SLOWDOWN)
     eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else slowdown)
     if dtype_code == L.F8:
         eff *= P.FP8_FRACTION_RATIO

@@ -92,10 +92,11 @@ def test_lambdas_twelve_gpus_come_out_in_the_published_order():
     errors = [abs(r["error_pct"]) for r in rows]
     assert np.mean(errors) < 15, errors
     # every board within 35 % but the B200, whose runs (Blackwell, the only
-    # one of its kind here) are priced 32 % (AMP) and 56 % (TF32) fast
-    # (benchmarks/README.md, GNMT section)
+    # one of its kind here) are priced 31 % (AMP) and 40 % (TF32) fast
+    # (benchmarks/README.md, GNMT section; 56 % in TF32 before its unaligned
+    # classifier took the TMA-fed tensor cores' factor)
     assert max(abs(r["error_pct"]) for r in rows if r["gpu"] != "B200") < 35, errors
-    assert max(abs(r["error_pct"]) for r in rows if r["gpu"] == "B200") < 60, errors
+    assert max(abs(r["error_pct"]) for r in rows if r["gpu"] == "B200") < 45, errors
     # the logged steps themselves: every mixed-precision run's median step
     # within 20 % of the predicted one at its padded length (3-17 % today),
     # the B200's within 40 % (33 %)
