@@ -59,15 +59,17 @@ def using_weights(mlp: np.ndarray):
         _WEIGHTS_OVERRIDE.pop()
 
 
-def predicted_basis(ops, gpu=None, params: np.ndarray | None = None) -> np.ndarray:
+def predicted_basis(ops, gpu=None, params: np.ndarray | None = None,
+                    batch: int | None = None) -> np.ndarray:
     """Per-row basis of a prediction without calibration: learned where a
     learned model serves the row's family, analytical elsewhere. With `gpu`
     (a feature row): GEMMs and convolutions on its tensor cores (half
-    precision, TF32 matmuls) are analytical (predictor.kernels.precision);
-    memory-bound rows in half precision stay learned: the fp32 model prices
-    them by the bytes they move. A recurrent layer is priced as its GEMMs and
-    pointwise kernels (kernels.recurrent): learned unless the GEMMs run on
-    tensor cores."""
+    precision, TF32 matmuls) are analytical (predictor.kernels.precision),
+    but for an unaligned TF32 GEMM priced as its CUDA-core kernels at
+    `batch` (`_on_cuda_cores`); memory-bound rows in half precision stay
+    learned: the fp32 model prices them by the bytes they move. A recurrent
+    layer is priced as its GEMMs and pointwise kernels (kernels.recurrent):
+    learned unless the GEMMs run on tensor cores."""
     basis = np.where(learned_rows(ops.family, _mlp()), L.BASIS_LEARNED, L.BASIS_ANALYTICAL)
     if gpu is not None:
         p = default_params() if params is None else params
@@ -78,6 +80,8 @@ def predicted_basis(ops, gpu=None, params: np.ndarray | None = None) -> np.ndarr
                 row_p = p
             if precision.mode_of(fam, dt, gpu, row_p) == precision.TENSOR_CORE:
                 basis[i] = L.BASIS_ANALYTICAL
+        if batch is not None:
+            basis[_on_cuda_cores(ops, batch, gpu, p)] = L.BASIS_LEARNED
     return basis
 
 
@@ -287,16 +291,15 @@ def predict(graph: Graph, gpu: str = "H100-SXM5-80GB", *, batch_size: int | None
     if calibration is not None:
         params = model_params(tf32_matmul, tf32_conv)
         per_op, basis = calibrated.evaluate_ops(calibration, ops, b, g.features, params,
-                                                _mlp(), predicted_basis(ops, g.features, params),
+                                                _mlp(), predicted_basis(ops, g.features, params, b),
                                                 gpu_id=g.id)
     else:
         evaluate_ops(ops.family, ops.dtype, ops.kernels, ops.dbase, ops.dslope, np.int64(b),
                      g.features, model_params(tf32_matmul, tf32_conv), _mlp(),
                      *_NO_CALIBRATION, per_op)
         params = model_params(tf32_matmul, tf32_conv)
-        basis = predicted_basis(ops, g.features, params)
+        basis = predicted_basis(ops, g.features, params, b)
         basis[_element_bound(ops, b, g.features, per_op, params)] = L.BASIS_ANALYTICAL
-        basis[_on_cuda_cores(ops, b, g.features, params)] = L.BASIS_LEARNED
     fwd, bwd, opt = (float(x) for x in res.phase_ms[0, 0])
     return Prediction(model=graph.name, gpu=g.id, batch_size=b, forward_ms=fwd,
                       backward_ms=bwd, optimizer_ms=opt, graph=graph, op_table=ops,
