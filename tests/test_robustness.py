@@ -124,6 +124,30 @@ def test_predictions_are_finite_and_positive(graph, gpu, batch):
     assert np.all(np.isfinite(p.op_us)) and np.all(p.op_us > 0)
 
 
+@PROPERTY
+@given(graphs(), st.sampled_from(GPU_IDS), st.integers(1, MAX_BATCH))
+def test_tf32_predictions_are_finite_positive_and_no_slower_per_gemm(graph, gpu, batch):
+    """With TF32 matmuls every price is finite and positive, and a TF32
+    GEMM never costs more than its own fp32 price where the library's
+    CUDA-core kernels compete (an unaligned one, kernels.precision)."""
+    from predictor.kernels import precision
+    from predictor.kernels.optime import op_time_us
+    from predictor.kernels.roofline import default_params
+
+    p = predictor.predict(graph, gpu, batch_size=batch, tf32_matmul=True)
+    assert math.isfinite(p.iteration_ms) and p.iteration_ms > 0
+    assert np.all(np.isfinite(p.op_us)) and np.all(p.op_us > 0)
+    f, mlp = hardware.get(gpu).features, opmodel.weights()
+    tf32, fp32 = default_params(), default_params()
+    tf32[precision.P_TF32_MATMUL] = 1.0
+    d = graph.ops.dims(batch)
+    for i in np.flatnonzero(graph.ops.family == L.MATMUL):
+        if precision.cuda_cores_compete(L.MATMUL, L.F32, d[i]):
+            k = int(graph.ops.kernels[i])
+            assert op_time_us(L.MATMUL, L.F32, k, d[i], f, tf32, mlp) \
+                <= op_time_us(L.MATMUL, L.F32, k, d[i], f, fp32, mlp) * (1 + 1e-12)
+
+
 # How much faster a graph with a learned op may get with a bigger batch.
 LEARNED_DROP = 0.10
 
