@@ -10,6 +10,12 @@ one GEMM, then step after step a GEMM of the previous hidden state and one
 pointwise kernel for the gates. Its backward pass runs the steps in reverse
 (pointwise, then the recurrent GEMM of the data gradient), then the input's
 data gradient and both weight gradients as three GEMMs over every step.
+Where a step's GEMM would read the weights in the slower order, the same
+description has cuDNN transpose them once per call and run every step on
+the transposed copy ("pre-transposing the weight matrix", its
+optimization 4): so the backward pass also copies W_hh into [H, gates x H]
+once, and its recurrent GEMM reads the weights K-major as the forward's
+does.
 
 `lstm_kernels` writes those kernels out as rows of the families the learned
 models price (``kernels.optime.recurrent_us`` sums them), so an LSTM is
@@ -18,8 +24,9 @@ else, on tensor cores where its GEMMs run there, instead of from a
 hand-chosen efficiency. The GEMMs' operands are laid out as cuDNN holds
 them: PyTorch's `weight_ih` and `weight_hh` ([4H, I], [4H, H], row-major)
 are views into cuDNN's own weight buffer, so the forward GEMMs read the
-weights K-major (`x @ W^T`, GEMM_B_T) and the data gradients read them
-N-major (`dgates @ W`). The pointwise kernel is described as an elementwise
+weights K-major (`x @ W^T`, GEMM_B_T), the input's data gradient reads them
+N-major (`dgates @ W_ih`, one GEMM) and each step's data gradient reads the
+transposed copy of W_hh K-major. The pointwise kernel is described as an elementwise
 op over the [B, gates x H] pre-activations that reads two such tensors and
 writes one: for an LSTM it moves the gates, the cell state, h and the gates
 saved for the backward pass, 11 HB elements forward and 14 HB backward,
@@ -33,8 +40,8 @@ from numba import njit
 from predictor.kernels import layout as L
 from predictor.kernels.work import rnn_gates
 
-# Kernel kinds one row expands to: at most five (the backward pass).
-MAX_KERNELS = 5
+# Kernel kinds one row expands to: at most six (the backward pass).
+MAX_KERNELS = 6
 
 
 @njit(cache=True)
@@ -58,6 +65,18 @@ def _gates(j, b, g, count, fam, dims, counts):
     dims[j, L.MEM_INNER], dims[j, L.MEM_OUTER] = g, b
     fam[j] = L.ELEMENTWISE
     counts[j] = count
+
+
+@njit(cache=True)
+def _transpose(j, rows, cols, fam, dims, counts):
+    """Write kernel j: one copy of a [rows, cols] matrix into its transpose."""
+    for c in range(dims.shape[1]):
+        dims[j, c] = 0
+    n = rows * cols
+    dims[j, L.MEM_READ], dims[j, L.MEM_WRITTEN] = n, n
+    dims[j, L.MEM_INNER], dims[j, L.MEM_OUTER] = cols, rows
+    fam[j] = L.COPY
+    counts[j] = 1
 
 
 @njit(cache=True)
@@ -85,7 +104,9 @@ def lstm_kernels(family, d, fam, dims, counts):
         return n + 1
     _gates(n, b, g, t, fam, dims, counts)  # the gates' gradient, each step
     n += 1
-    _gemm(n, b, h, g, 0, t, fam, dims, counts)  # dgates @ W_hh, each step
+    _transpose(n, g, h, fam, dims, counts)  # W_hh^T, once per call
+    n += 1
+    _gemm(n, b, h, g, L.GEMM_B_T, t, fam, dims, counts)  # dgates @ W_hh, each step, K-major
     n += 1
     if i > 0:
         _gemm(n, t * b, i, g, 0, 1, fam, dims, counts)  # dx = dgates @ W_ih

@@ -434,13 +434,13 @@ def _attention_math(q: TensorMeta, k: TensorMeta, v: TensorMeta, *rest, out=None
 def rnn_launches(family: int, steps: int, inp: int) -> int:
     """Kernels cuDNN's standard algorithm launches for one layer and
     direction (kernels.recurrent): forward, the input GEMM over every step,
-    then a recurrent GEMM and a pointwise kernel a step; backward, a
-    pointwise kernel and a recurrent GEMM a step, then dx, dW_ih and dW_hh.
-    The host pays a launch for each (predictor.overhead)."""
+    then a recurrent GEMM and a pointwise kernel a step; backward, the
+    transpose of W_hh, a pointwise kernel and a recurrent GEMM a step, then
+    dx, dW_ih and dW_hh. The host pays a launch for each (predictor.overhead)."""
     per_step = 2 * max(int(steps), 0)
     if family == L.LSTM:
         return max(per_step + (1 if inp > 0 else 0), 1)
-    return max(per_step + (2 if inp > 0 else 0) + 1, 1)
+    return max(per_step + (2 if inp > 0 else 0) + 2, 1)
 
 
 @register(aten.mkldnn_rnn_layer)

@@ -205,7 +205,10 @@ def lstm_kernels(family: int, d: Sequence[int]) -> list[tuple[int, list[int], in
     if family == L.LSTM:
         out = [gemm(t * b, g, i, L.GEMM_B_T, 1)] if i > 0 else []
         return out + [gemm(b, g, h, L.GEMM_B_T, t), gates]
-    out = [gates, gemm(b, h, g, 0, t)]
+    transpose = [0] * len(d)  # W_hh^T, copied once per call
+    transpose[L.MEM_READ] = transpose[L.MEM_WRITTEN] = g * h
+    transpose[L.MEM_INNER], transpose[L.MEM_OUTER] = h, g
+    out = [gates, (L.COPY, transpose, 1), gemm(b, h, g, L.GEMM_B_T, t)]
     if i > 0:
         out += [gemm(t * b, i, g, 0, 1), gemm(g, i, t * b, L.GEMM_A_T, 1)]
     return out + [gemm(g, h, t * b, L.GEMM_A_T, 1)]

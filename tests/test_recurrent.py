@@ -175,7 +175,8 @@ def test_a_cell_loop_has_nothing_unmodelled(cell):
 def test_a_recurrent_row_launches_its_kernels(kind):
     """The host pays a launch for every kernel cuDNN runs (predictor.overhead):
     a recurrent row counts the kernels of its expansion, 2 T + 1 forward and
-    2 T + 3 backward for a layer with an input projection, not one."""
+    2 T + 4 backward for a layer with an input projection (the transpose of
+    W_hh among them), not one."""
     def build():
         return _Recurrent(kind, num_layers=2, batch_first=True), torch.randn(8, 20, 64)
 
@@ -186,4 +187,28 @@ def test_a_recurrent_row_launches_its_kernels(kind):
     for i in rec:
         counts = _kernels_of(dims[i], ops.family[i])[2]
         assert ops.kernels[i] == counts.sum()
-        assert ops.kernels[i] == (41 if ops.family[i] == L.LSTM else 43)
+        assert ops.kernels[i] == (41 if ops.family[i] == L.LSTM else 44)
+
+
+def test_the_backward_steps_read_a_transposed_copy_of_the_weights():
+    """cuDNN transposes W_hh once per call and runs each step's data
+    gradient on the copy, K-major, as the forward's recurrent GEMM reads it
+    (Appleyard, "Optimizing Recurrent Neural Networks in cuDNN 5",
+    optimization 4): one copy kernel of 4H x H elements, and every per-step
+    GEMM of either pass reads its weights K-major. The reference agrees."""
+    from predictor import reference
+
+    for family in (L.LSTM, L.LSTM_BWD):
+        d, fam, dims, counts = _kernels(family, 25, 128, 1024, 512)
+        steps = [j for j in range(len(fam)) if fam[j] == L.MATMUL and counts[j] == 25]
+        assert len(steps) == 1 and dims[steps[0], L.GEMM_LAYOUT] & L.GEMM_B_T
+        copies = [j for j in range(len(fam)) if fam[j] == L.COPY]
+        if family == L.LSTM:
+            assert not copies
+        else:
+            (j,) = copies
+            assert counts[j] == 1 and dims[j, L.MEM_READ] == dims[j, L.MEM_WRITTEN] == 4 * 512 * 512
+        ref = reference.lstm_kernels(family, [int(x) for x in d])
+        assert [(f, c) for f, _, c in ref] == list(zip(fam.tolist(), counts.tolist()))
+        assert all(list(x[:L.GEMM_LAYOUT + 1]) == list(r[:L.GEMM_LAYOUT + 1])
+                   for (_, r, _), x in zip(ref, dims))
