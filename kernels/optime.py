@@ -170,10 +170,11 @@ def on_cuda_cores(family, dtype_code, kernels, d, gpu, params, mlp):
 @njit(cache=True)
 def _cuda_core_us(family, dtype_code, kernels, d, gpu, params, mlp, isolated):
     """A row on CUDA cores: its group's learned model, else the analytical one
-    (`isolated`: as a per-op benchmark measures it, one launch)."""
+    (`isolated`: as a per-op benchmark measures it, with the learned model's
+    per-measurement floor; its callers pass one launch)."""
     group = serving_group(family, d, mlp)
     if not has_group(mlp, group):
-        return analytical_time_us(family, dtype_code, 1 if isolated else kernels, d, gpu, params)
+        return analytical_time_us(family, dtype_code, kernels, d, gpu, params)
     if isolated:
         return learned_row_us(group, family, dtype_code, d, gpu, params, mlp, True)
     return learned_row_us(group, family, dtype_code, d, gpu, params, mlp, False) \
