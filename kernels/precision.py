@@ -10,8 +10,10 @@ precision is priced in one of three ways (``mode``):
   the reduction split where that fills the waves (``split_k``), K padded to
   the MMA k-step), the GPU's achievable fraction of peak (``tc_fraction``),
   slower fallback kernels when a dim breaks the alignment rule
-  (``UNALIGNED_SLOWDOWN``), and the bytes moved at the dtype's width against
-  DRAM bandwidth, whichever is longer.
+  (``UNALIGNED_SLOWDOWN``; for a 16-bit GEMM with an odd dim, the align1
+  kernels' own rate per SM clock, ``ALIGN1_FLOP_PER_SM_CLOCK``), and the
+  bytes moved at the dtype's width against DRAM bandwidth, whichever is
+  longer.
 - ``AS_FP32``: a row the fp32 models price with rewritten dims and dtype fp32:
   a memory-bound kernel in a 2-byte dtype is priced as the fp32 kernel moving
   the same number of bytes (half the elements: read, written, FLOPs and the
@@ -114,6 +116,20 @@ UNALIGNED_SLOWDOWN = 2.0
 # Hopper's factor. GeForce and workstation Blackwell (12.x) run warp-level
 # MMA as Ampere and Ada do, and keep UNALIGNED_SLOWDOWN.
 UNALIGNED_SLOWDOWN_HOPPER = 3.1
+# A 16-bit GEMM with an odd dim in the rows the library reads (2-byte rows:
+# a 50,257- or 267,735-word vocabulary) leaves no kernel that copies its
+# operands asynchronously (cp.async moves 4, 8 or 16 bytes, TMA 16), and
+# cuBLAS runs CUTLASS's Turing-generation kernel for such rows
+# (`cutlass_75_tensorop_*_s1688gemm_*_align1`: mma.m16n8k8 fed by 2-byte
+# loads through registers) on whatever GPU it is. Its throughput is its
+# load path's, not the tensor cores': on an RTX 4090, bf16 torch.mm of
+# squares of 2,055, 2,057, 2,071 and 2,073 ran that kernel at 115.6, 106.8,
+# 110.9 and 112.0 TFLOP/s against 155.9 at 2,040 (pytorch/pytorch issue
+# 181718), a median of 111.45 TFLOP/s over 128 SMs at the 2,520 MHz rated
+# boost: 345.5 FLOP per SM per clock. Such a GEMM runs at the lesser of its
+# aligned rate and that, so the slowdown grows with the tensor cores' rate
+# per SM: 1.5x on the RTX 4090, about 5x on an A100, 9x on an H100.
+ALIGN1_FLOP_PER_SM_CLOCK = 345.5
 # Output tile of the tensor-core GEMM and convolution kernels, one resident per
 # SM (cuBLAS/CUTLASS 128x128 and 128x256 tiles on Ampere and Hopper fill an
 # SM's shared memory with their pipeline stages).
@@ -290,6 +306,24 @@ def aligned(family, dtype_code, d):
 
 
 @njit(cache=True)
+def two_byte_rows(family, dtype_code, d):
+    """Whether a 16-bit GEMM has an odd dim among those `aligned` checks:
+    rows aligned to 2 bytes only, which the align1 kernels of
+    ALIGN1_FLOP_PER_SM_CLOCK serve. Matmuls only (cuDNN pads a
+    convolution's odd channel counts itself), and not a matrix-vector
+    product (M or N of 1), which cuBLAS runs as a GEMV, no tensor-core
+    tiles, bound by its bytes."""
+    if family != L.MATMUL or not (dtype_code == L.F16 or dtype_code == L.BF16):
+        return False
+    if d[1] == 1 or d[2] == 1:
+        return False
+    odd = d[3] % 2 != 0 or d[2] % 2 != 0
+    if (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) != 0:
+        odd = odd or d[1] % 2 != 0
+    return odd
+
+
+@njit(cache=True)
 def cuda_cores_compete(family, dtype_code, d):
     """Whether the library's CUDA-core kernels stay candidates for a
     tensor-core row: an fp32 GEMM on TF32 tensor cores whose dims break the
@@ -401,13 +435,16 @@ def tensor_core_us(family, dtype_code, kernels, d, gpu, params, mlp):
     # multiply-adds than it does (predictor.kernels.work): scale to the op's own.
     gemm_flops = 2.0 * bt * m * n * k
     ratio = min(flops / gemm_flops, 1.0) if gemm_flops > 0.0 else 1.0
-    eff = tc_fraction(gpu) * (FP8_FRACTION_RATIO if dtype_code == L.F8 else 1.0) \
-        * power_limit_share(mlp, gpu)
-    if not aligned(family, dtype_code, d):
-        eff /= unaligned_slowdown(gpu)
+    share = power_limit_share(mlp, gpu)
+    eff = tc_fraction(gpu) * (FP8_FRACTION_RATIO if dtype_code == L.F8 else 1.0) * share
+    rate = peak / sms * eff  # FLOP/s of one SM
+    if two_byte_rows(family, dtype_code, d):
+        rate = min(rate, ALIGN1_FLOP_PER_SM_CLOCK * gpu[L.G_CLOCK_MHZ] * 1e6 * share)
+    elif not aligned(family, dtype_code, d):
+        rate /= unaligned_slowdown(gpu)
     # One tile's time per reduction element on one SM, and the time to write
     # its fp32 partial sums and read them back when the reduction is split.
-    per_k = 2.0 * TC_TILE_M * TC_TILE_N * ratio / (peak / sms * eff) * 1e6
+    per_k = 2.0 * TC_TILE_M * TC_TILE_N * ratio / rate * 1e6
     partial = 2.0 * TC_TILE_M * TC_TILE_N * 4.0 / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
     t_c = sliced_us(tiles, sms, k, step, per_k, partial,
                     split_k(tiles, sms, k, step, per_k, partial))

@@ -616,6 +616,14 @@ def _tc_aligned(family: int, dtype_code: int, d) -> bool:
     return (d[1] // g) % a == 0 and (d[4] // g) % a == 0
 
 
+def _two_byte_rows(family: int, dtype_code: int, d) -> bool:
+    """precision.two_byte_rows: a 16-bit matmul with an odd dim the library reads."""
+    if family != L.MATMUL or dtype_code not in (L.F16, L.BF16) or d[1] == 1 or d[2] == 1:
+        return False
+    return d[3] % 2 != 0 or d[2] % 2 != 0 or (
+        bool(int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) and d[1] % 2 != 0)
+
+
 def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params, mlp) -> float:
     """precision.tensor_core_us: tiles one per SM per wave, the reduction split
     into the slice count that finishes soonest, k-step, alignment, achievable
@@ -632,14 +640,18 @@ def tensor_core_us(family: int, dtype_code: int, kernels: int, d, gpu, params, m
     flops, elems = flops_and_elems(family, d)
     gemm_flops = 2.0 * bt * m * n * k
     ratio = min(flops / gemm_flops, 1.0)
-    ok = _tc_aligned(family, dtype_code, d)
     slowdown = (P.UNALIGNED_SLOWDOWN_HOPPER if 9.0 <= gpu[L.G_CC_MAJOR] < 12.0  # precision.tma_fed
                 else P.UNALIGNED_SLOWDOWN)
-    eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) / (1.0 if ok else slowdown)
+    share = power_limit_share(mlp, gpu)
+    eff = _column_or(gpu, L.G_TC_FRACTION, P.TC_FRACTION) * share
     if dtype_code == L.F8:
         eff *= P.FP8_FRACTION_RATIO
-    eff *= power_limit_share(mlp, gpu)
-    per_k = 2.0 * P.TC_TILE_M * P.TC_TILE_N * ratio / (peak / sms * eff) * 1e6
+    rate = peak / sms * eff
+    if _two_byte_rows(family, dtype_code, d):  # precision.two_byte_rows: the align1 kernels
+        rate = min(rate, P.ALIGN1_FLOP_PER_SM_CLOCK * gpu[L.G_CLOCK_MHZ] * 1e6 * share)
+    elif not _tc_aligned(family, dtype_code, d):
+        rate /= slowdown
+    per_k = 2.0 * P.TC_TILE_M * P.TC_TILE_N * ratio / rate * 1e6
     partial = 2.0 * P.TC_TILE_M * P.TC_TILE_N * 4.0 / (gpu[L.G_MEM_BW_GBS] * 1e9 / sms) * 1e6
 
     def slices_time(s: int) -> float:

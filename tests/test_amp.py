@@ -793,3 +793,43 @@ def test_a_tf32_row_priced_on_cuda_cores_says_learned():
             == "learned").all()
     q = predictor.predict(aligned, "RTX-3090", tf32_matmul=True)
     assert (q.ops[q.ops.family == "matmul"].basis == "analytical").all()
+
+
+def test_an_odd_16_bit_gemm_runs_at_the_align1_kernels_rate():
+    """A 16-bit GEMM with an odd dim the library reads (2-byte rows: an
+    odd-sized vocabulary) runs CUTLASS's Turing-generation align1 kernel on
+    any GPU, at ALIGN1_FLOP_PER_SM_CLOCK: what an RTX 4090 measured for it
+    (median 111.45 TFLOP/s, pytorch/pytorch issue 181718), so it costs its
+    aligned rate over that, 1.5x on the RTX 4090, about 5x on an A100 and 9x
+    on an H100, where an even unaligned dim keeps the slowdown factor; not a
+    GEMV, not TF32; the reference implementation agrees."""
+    from predictor import hardware, opmodel, reference
+    from predictor.kernels.optime import op_time_us
+
+    f = hardware.get("RTX-4090").features
+    assert precision.ALIGN1_FLOP_PER_SM_CLOCK * f[L.G_SMS] * f[L.G_CLOCK_MHZ] * 1e6 \
+        == pytest.approx(111.45e12, rel=1e-3)
+    p, mlp = default_params(), opmodel.weights()
+    aligned, odd = _gemm(8192, 30528, 1024), _gemm(8192, 30521, 1024)
+    assert precision.two_byte_rows(L.MATMUL, L.BF16, odd)
+    assert not precision.two_byte_rows(L.MATMUL, L.BF16, _gemm(8192, 30522, 1024))
+    assert not precision.two_byte_rows(L.MATMUL, L.F32, odd)
+    gemv = _gemm(8192, 1, 1023)
+    assert not precision.two_byte_rows(L.MATMUL, L.BF16, gemv)
+    ratios = {}
+    for gid in ("RTX-4090", "A100-SXM4-80GB", "H100-SXM5-80GB", "V100-SXM2-16GB"):
+        g = hardware.get(gid).features
+        t_a = precision.tensor_core_us(L.MATMUL, L.BF16 if gid != "V100-SXM2-16GB" else L.F16,
+                                       1, aligned, g, p, NO_WEIGHTS)
+        dtype = L.BF16 if gid != "V100-SXM2-16GB" else L.F16
+        t_o = precision.tensor_core_us(L.MATMUL, dtype, 1, odd, g, p, NO_WEIGHTS)
+        rate = precision.tensor_core_peak(L.MATMUL, dtype, g, p) / g[L.G_SMS] \
+            * precision.tc_fraction(g)
+        cap = precision.ALIGN1_FLOP_PER_SM_CLOCK * g[L.G_CLOCK_MHZ] * 1e6
+        ratios[gid] = t_o / t_a
+        assert t_o / t_a == pytest.approx(max(rate / cap, 1.0), rel=0.02), gid
+        assert reference.op_time_us(L.MATMUL, dtype, 1, [int(v) for v in odd], list(g), p,
+                                    mlp) == pytest.approx(op_time_us(L.MATMUL, dtype, 1, odd, g,
+                                                                     p, mlp), rel=1e-9), gid
+    assert 1.3 < ratios["RTX-4090"] < 1.7 and 4.5 < ratios["A100-SXM4-80GB"] < 6.0
+    assert ratios["H100-SXM5-80GB"] > 8.0
