@@ -1,6 +1,6 @@
 """Transformer-XL training throughput predicted against Lambda's published
 single-GPU figures: a language model with a 267,735-word softmax and
-relative-position attention, on ten GPUs in half precision and fp32/TF32.
+relative-position attention, on twelve GPUs in half precision and fp32/TF32.
 
     python -m benchmarks.transformerxl_published
     python -m benchmarks.transformerxl_published --breakdown
@@ -46,8 +46,12 @@ Approximated: both optimizers are traced as PyTorch's for-loop Adam with
 clipping (`adam-loop+clip`: per-parameter kernels, as the TorchScript LAMB
 and PyTorch 1.13's default Adam run; LAMB's two extra norms a parameter are
 left out), and O2's per-step copy of the master weights into the fp16 model
-is not modelled. Left out: the A10 and H100 SXM5 rows (their batch is in no
-batch-size table).
+is not modelled. The A10 and H100 SXM5 rows have no batch-size table row:
+their batch is each run's own (its log, `pytorch/results/LambdaCloud_A10_v1/`
+and `H100_80GB_SXM5_v1/`: the `batch_size` its Namespace line prints, or
+WikiText-103's 103,227,021 training tokens over the batches an epoch it
+counts and the target length), and each of their figures is the one its
+log closes with.
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ PUBLISHED = [
     ("RTX-A6000", "fp32", (32, 16), (14495, 6143)),
     ("RTX-4090", "fp32", (14, 4), (22750, 7905)),
     ("H100-PCIE-80GB", "fp32", (52, 24), (34241, 15459)),
+    ("A10", "fp16", (24, 8), (16283, 5614)),
+    ("A10", "fp32", (14, 4), (8940, 3031)),
+    ("H100-SXM5-80GB", "fp16", (104, 48), (62259, 30841)),
+    ("H100-SXM5-80GB", "fp32", (52, 24), (45697, 22251)),
 ]
 
 
