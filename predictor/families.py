@@ -884,8 +884,8 @@ register(aten.upsample_nearest1d, aten.upsample_nearest3d, aten.upsample_linear1
          aten.replication_pad1d_backward, aten.replication_pad2d_backward,
          aten.replication_pad3d_backward, aten.grid_sampler_2d, aten.grid_sampler_3d,
          aten.grid_sampler_2d_backward, aten.grid_sampler_3d_backward, aten.index_copy,
-         aten.index_copy_, aten.index_fill, aten.index_fill_, aten.index_add_, aten.scatter_,
-         aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.masked_scatter_,
+         aten.index_copy_, aten.index_fill, aten.index_fill_, aten.index_add_,
+         aten.scatter_reduce, aten.masked_scatter_,
          aten.masked_scatter_backward, aten._unsafe_index_put,
          aten._unsafe_masked_index, aten._unsafe_masked_index_put_accumulate,
          aten.diag_embed, aten.diagonal_backward, aten.diagonal_scatter,
@@ -905,6 +905,38 @@ def _gather(src: TensorMeta, *rest, out=None, **kwargs) -> list[Row]:
         generic_memory(L.COPY, (src,) + rest, kwargs, out)
     read = written + sum(t.numel for t in tensors(rest) + tensors(kwargs))
     return [(family, (read, written, flops, inner, outer), kernels)]
+
+
+def _scatter_rows(dst: TensorMeta, index: TensorMeta, src: Any, out: Any,
+                  accumulate: bool) -> list[Row]:
+    """An in-place scatter touches only the elements its index names: it
+    reads the index and the source (adding or reducing, those elements of
+    the destination too) and writes them, one thread an index element; the
+    rest of the destination is neither read nor written. Counted whole, the
+    gradient of a gather of each token's target log-probability (zeros,
+    then this; ``predictor.lowering`` prices ATen's out-of-place form of it
+    so) was a pass over the whole [tokens, vocabulary] tensor."""
+    unit = row_unit((dst, index, src), out)
+    n = max(index.numel, 1)
+    touched = elems_in(TensorMeta((n,), dst.dtype), unit)
+    read = elems_in(index, unit) + sum(elems_in(t, unit) for t in tensors(src))
+    if accumulate:
+        read += touched
+    inner = max(index.shape[-1] if index.shape else 1, 1)
+    return [memory_row(L.COPY, read, touched, 0, inner, max(n // inner, 1))]
+
+
+@register(aten.scatter_add_, aten.scatter_reduce_)
+def _scatter_add_into(dst: TensorMeta, dim, index: TensorMeta, src, *_, out=None,
+                      **__) -> list[Row]:
+    return _scatter_rows(dst, index, src, out, accumulate=True)
+
+
+@register(aten.scatter_)
+def _scatter_into(dst: TensorMeta, dim, index: TensorMeta, src, *rest, out=None,
+                  **kwargs) -> list[Row]:
+    return _scatter_rows(dst, index, src, out,
+                         accumulate=bool(rest) or kwargs.get("reduce") is not None)
 
 
 # Scans read and write every element once: memory-bound like a copy.

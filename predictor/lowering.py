@@ -24,6 +24,8 @@ from predictor.families import TensorMeta
 from predictor.kernels import layout as L
 from predictor.optable import OpTable, _empty_gemm
 
+aten = torch.ops.aten
+
 
 @dataclass
 class Lowered:
@@ -167,10 +169,11 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
     node_keys: dict[int, list[tuple]] = {}
     scalable = True
 
+    into_zeros = _scatters_into_zeros(gm)
     for idx, node in enumerate(gm.graph.nodes):
         if node.op != "call_function" or node.target is operator.getitem:
             continue
-        op = node.target
+        op = aten.scatter_add_.default if node in into_zeros else node.target
         if not isinstance(op, torch._ops.OpOverload):
             continue
         phase = L.FORWARD
@@ -205,6 +208,28 @@ def lower(gm: torch.fx.GraphModule, phase_marks: tuple[int, ...], sentinel: int 
     where = {k: i for i, k in enumerate(kept)}
     node_rows = {idx: [where.get(k, -1) for k in ks] for idx, ks in node_keys.items()}
     return Lowered(table, unsupported, scalable, host_ops, node_rows)
+
+
+# Ops that make a tensor of zeros (the start of a scatter's gradient).
+_ZEROS = {aten.new_zeros.default, aten.zeros.default, aten.zeros_like.default}
+
+
+def _scatters_into_zeros(gm: torch.fx.GraphModule) -> set:
+    """The out-of-place scatter-adds whose destination is a tensor of zeros
+    nothing else uses. ATen's gradient of a gather is `zeros.scatter_add_(dim,
+    index, grad)`, in place, on a GPU; on the trace's fake tensors (a tensor
+    subclass) the same formula takes its out-of-place branch, which would
+    copy the zeros whole before scattering. Such a node is priced as the
+    in-place scatter a GPU runs (``families._scatter_rows``), the zeros' fill
+    as its own row."""
+    found = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is aten.scatter_add.default \
+                and node.args and isinstance(node.args[0], torch.fx.Node):
+            dst = node.args[0]
+            if dst.op == "call_function" and dst.target in _ZEROS and len(dst.users) == 1:
+                found.add(node)
+    return found
 
 
 def _extract(op, node, at: tuple[BatchScaler, BatchScaler, BatchScaler], at_sentinel: BatchScaler,

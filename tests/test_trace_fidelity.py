@@ -189,3 +189,66 @@ def test_memory_rows_have_inner_times_outer_elements():
             assert inner * outer <= written + outer and inner * outer * 2 >= written // 2, names[i]
             checked.add(int(t.family[i]))
     assert {L.DROPOUT, L.OPTIMIZER} <= checked
+
+
+class GatherLoss(nn.Module):
+    """A label-smoothing-style loss: the target's log-probability gathered."""
+
+    def __init__(self, vocab=1001, d=64):
+        super().__init__()
+        self.fc = nn.Linear(d, vocab)
+
+    def forward(self, x, target):
+        lp = torch.log_softmax(self.fc(x), dim=-1)
+        return -lp.gather(1, target[:, None]).mean()
+
+
+def _memory_row(graph, name):
+    ops = graph.ops
+    rows = [i for i, n in enumerate(ops.op_names) if n == name]
+    assert rows, (name, ops.op_names)
+    at = [j for j, o in enumerate(ops.op) if o in rows]
+    return [ops.dims(4096)[j] for j in at]
+
+
+def test_a_gathers_gradient_scatters_only_the_gathered_elements():
+    """ATen's gradient of a gather is zeros, then an in-place scatter-add of
+    the gathered elements' gradients (one per index element); the fake
+    tensors' trace takes the out-of-place form, which would copy the whole
+    [tokens, vocabulary] zeros first. It is priced as the GPU runs it: the
+    fill writes the tensor, the scatter touches 4,096 elements."""
+    g = predictor.trace(GatherLoss, lambda b: (torch.randn(b, 64), torch.zeros(b, dtype=torch.long)),
+                        loss_fn=lambda out: out, batch_size=8, optimizer=None)
+    names = list(g.ops.op_names)
+    assert "scatter_add_" in names and "scatter_add" not in names
+    (scatter,) = _memory_row(g, "scatter_add_")
+    assert scatter[L.MEM_WRITTEN] == 4096 and scatter[L.MEM_READ] == 3 * 4096
+    (fill,) = _memory_row(g, "new_zeros")
+    assert fill[L.MEM_WRITTEN] == 4096 * 1001
+
+
+def test_a_scatter_into_a_tensor_in_use_keeps_its_copy():
+    """An out-of-place scatter-add whose destination is used again is a real
+    copy and a scatter; a user's in-place one touches only its index's
+    elements."""
+    def step(x, idx):
+        base = torch.zeros_like(x)
+        y = base.scatter_add(1, idx, x[:, :8])
+        return (y + base).sum()
+
+    def inplace(x, idx):
+        return torch.zeros_like(x).scatter_add_(1, idx, x[:, :8]).sum()
+
+    for fn, name, written in ((step, "scatter_add", 4096 * 512), (inplace, "scatter_add_", 4096 * 8)):
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.ones(512))
+
+            def forward(self, x, idx, fn=fn):
+                return fn(x * self.w, idx)
+
+        g = predictor.trace(M, lambda b: (torch.randn(b, 512), torch.zeros(b, 8, dtype=torch.long)),
+                            loss_fn=lambda out: out, batch_size=8, optimizer=None, mode="inference")
+        (row,) = _memory_row(g, name)
+        assert row[L.MEM_WRITTEN] == written, name
