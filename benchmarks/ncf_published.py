@@ -47,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from benchmarks.amp_published import (LAMBDA_FOLDERS, lambda_precision, lambda_source,
-                                      print_lambda_summary)
+                                      o2_graph, print_lambda_summary)
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Recommendation/NCF/README.md (commit 05ee986), "
           "'Training performance results', 1 GPU, batch 1,048,576, PyTorch 21.04 NGC container")
@@ -168,8 +168,8 @@ def build(batch: int = BATCH):
 def _graphs() -> dict:
     """The traced steps by program, once per process: both tables price the
     same graphs (read, never changed). Apex's O2 prices the fp32 trace as a
-    16-bit model (`predict(dtype="float16")`), as benchmarks.amp_published
-    does for BERT's O2 rows."""
+    16-bit model with fp32 master weights (`amp_published.o2_graph`), as
+    benchmarks.amp_published does for BERT's O2 rows."""
     import predictor
 
     return {prec: predictor.trace(build, loss_fn="mean", optimizer="adam-fused",
@@ -190,8 +190,8 @@ def predict_rows(table=None) -> list[dict]:
         column = row[4] if len(row) > 4 else None
         o2 = prec == "amp" and column is not None
         g = graphs["amp" if prec == "amp" and not o2 else "fp32"]
-        p = predictor.predict(g, gpu, batch_size=batch, tf32_matmul=prec == "tf32",
-                              dtype="float16" if o2 else None)
+        p = predictor.predict(o2_graph(g) if o2 else g, gpu, batch_size=batch,
+                              tf32_matmul=prec == "tf32")
         predicted = batch / p.iteration_ms * 1e3
         r = {"gpu": gpu, "precision": prec, "batch": batch, "published": published,
              "program": "o2" if o2 else ("autocast" if prec == "amp" else "fp32"),

@@ -36,17 +36,16 @@ al., 2019) and its reference code's structure:
   so the keys and values are over mem_len + tgt_len positions; the new
   memory is the last mem_len of each layer's input, concatenated under
   no_grad.
-- "fp16" is apex O2 (the whole model in fp16, fp32 master weights): the
-  fp32 trace priced with `dtype="float16"`, as the BERT SQuAD rows of
-  `amp_published.py` are. "fp32" is the fp32 program, with TF32 matmuls on
+- "fp16" is apex O2 (the whole model in fp16, fp32 master weights):
+  `amp_published.o2_graph` of the fp32 trace, as the BERT SQuAD rows of
+  `amp_published.py` are priced. "fp32" is the fp32 program, with TF32 matmuls on
   Ampere and later as NVIDIA's containers run it (`amp_published.
   lambda_precision`).
 
 Approximated: both optimizers are traced as PyTorch's for-loop Adam with
 clipping (`adam-loop+clip`: per-parameter kernels, as the TorchScript LAMB
 and PyTorch 1.13's default Adam run; LAMB's two extra norms a parameter are
-left out), and O2's per-step copy of the master weights into the fp16 model
-is not modelled. The A10 and H100 SXM5 rows have no batch-size table row:
+left out). The A10 and H100 SXM5 rows have no batch-size table row:
 their batch is each run's own (its log, `pytorch/results/LambdaCloud_A10_v1/`
 and `H100_80GB_SXM5_v1/`: the `batch_size` its Namespace line prints, or
 WikiText-103's 103,227,021 training tokens over the batches an epoch it
@@ -63,7 +62,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.amp_published import lambda_precision, spearman
+from benchmarks.amp_published import lambda_precision, o2_graph, spearman
 from benchmarks.gnmt_published import speedups
 from benchmarks.ncf_published import print_summary
 
@@ -241,8 +240,8 @@ def predict_rows(table=None) -> list[dict]:
         prec = lambda_precision(gpu, column == "fp16")
         for j, size in enumerate(CONFIGS):
             length = CONFIGS[size][-1]
-            p = predictor.predict(graphs[size], gpu, batch_size=batches[j],
-                                  dtype="float16" if prec == "amp" else None,
+            graph = o2_graph(graphs[size]) if prec == "amp" else graphs[size]
+            p = predictor.predict(graph, gpu, batch_size=batches[j],
                                   tf32_matmul=True if prec == "tf32" else None)
             predicted = batches[j] * length / p.iteration_ms * 1e3
             out.append({"model": f"transformer-xl-{size}", "gpu": gpu, "precision": prec,
