@@ -368,3 +368,24 @@ def test_a_small_share_of_long_softmax_rows_is_not_noted():
 
     assert "(33% of the step's bytes" in opmodel.unmeasured_shape_notes(graph(50))[0]
     assert not opmodel.unmeasured_shape_notes(graph(1))   # 1 % of the bytes
+
+
+def test_odd_16_bit_gemm_dims_are_noted():
+    """A 16-bit step with an odd GEMM dim (a 1,001-class head) gets one note
+    naming it, in every format (the notes list); the same head of 1,000
+    classes, or the odd one in fp32, gets none."""
+    import torch
+
+    from predictor.commands import common
+
+    def head(n, amp):
+        return predictor.trace(lambda: torch.nn.Sequential(torch.nn.Linear(64, 256),
+                                                           torch.nn.Linear(256, n)),
+                               lambda b: (torch.randn(b, 64),), batch_size=32, amp=amp)
+
+    note = common.odd_gemm_note(head(1001, "bf16"))
+    assert note and "(1,001 at batch 32)" in note and "\n" not in note
+    assert note in common.notes(head(1001, "bf16"))
+    assert common.odd_gemm_note(head(1000, "bf16")) is None
+    assert common.odd_gemm_note(head(1001, None)) is None
+    assert common.odd_gemm_note(head(1001, None), dtype="float16") is not None

@@ -214,7 +214,8 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
     measured kernel covers (``opmodel.unmeasured_shape_notes``), and bf16
     asked of GPUs without bf16 tensor cores; an amp="fp8" step's `float8_note`
     and the GPUs of the set asked for it `left_out` (no float8 tensor cores);
-    --tf32 where it does not apply (`tf32_note`)."""
+    --tf32 where it does not apply (`tf32_note`); 16-bit GEMMs with an odd dim
+    (`odd_gemm_note`)."""
     from predictor import opmodel
     from predictor.kernels import layout as L
 
@@ -249,7 +250,40 @@ def notes(graph, gpus: Sequence = (), dtype: str | None = None,
                    "(at most twice fp32), other ops at float16's halved memory traffic")
     t = tf32_note(graph, gpus, dtype) if tf32 else None
     out += [t] if t else []
+    odd = odd_gemm_note(graph, dtype)
+    out += [odd] if odd else []
     return out
+
+
+def odd_gemm_note(graph, dtype: str | None = None) -> str | None:
+    """A note naming the odd dims of the step's 16-bit GEMMs (at its traced
+    batch), or None: such a GEMM's rows are 2-byte aligned, which cuBLAS
+    serves with its align1 kernels at their own rate per SM clock
+    (``kernels.precision.two_byte_rows``), several times slower than the
+    tensor cores on a data-centre GPU; a multiple of 8 there, a padded
+    vocabulary of 50,264 for GPT-2's 50,257, runs the fast ones."""
+    from predictor import dtypes
+    from predictor.kernels import layout as L
+    from predictor.kernels import precision
+
+    ops = graph.ops
+    code = dtypes.parse(dtype)
+    if code is not None:
+        ops = ops.with_dtype(code)
+    dims = ops.dims(graph.batch_size)
+    odd: set[int] = set()
+    for family, dt, d in zip(ops.family, ops.dtype, dims):
+        if precision.two_byte_rows(int(family), int(dt), d):
+            checked = (2, 3, 1) if int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T else (2, 3)
+            odd.update(int(d[j]) for j in checked if d[j] % 2)
+    if not odd:
+        return None
+    named = ", ".join(f"{v:,}" for v in sorted(odd)[:4]) + (", ..." if len(odd) > 4 else "")
+    return (f"16-bit GEMMs with an odd dim ({named} at batch {graph.batch_size}) run cuBLAS's "
+            "2-byte-aligned kernels, priced at their own rate per SM clock: several times "
+            "slower than aligned ones on an A100 or H100; a multiple of 8 there (a padded "
+            "vocabulary) runs the fast kernels (benchmarks/README.md, 'A 267,735-word "
+            "language model')")
 
 
 def _runs_in(graph, dtype: str | None, name: str, amp: str, code: int) -> bool:
