@@ -90,29 +90,20 @@ def o2_graph(graph):
     whose 267,735-word embedding outweighs its layers."""
     import dataclasses
 
-    from predictor import dtypes, families
+    from predictor import families
     from predictor.kernels import layout as L
-    from predictor.optable import OpTable
 
     ops = graph.ops
-    model_rows = np.isin(ops.dtype, dtypes.OVERRIDABLE) & (ops.phase != L.OPTIMIZER_PHASE)
-    dtype = np.where(model_rows, L.F16, ops.dtype).astype(np.int64)
+    model = ops.with_dtype(L.F16)
+    dtype = np.where(ops.phase == L.OPTIMIZER_PHASE, ops.dtype, model.dtype)
+    ops = dataclasses.replace(model, dtype=dtype)
     n = max(int(graph.trainable_parameters), 1)
     half = (n + 1) // 2  # n fp16 elements, in fp32 units
     kernels = max(-(-n // families._MTA_ELEMS_PER_LAUNCH), 1)
-    extra = np.zeros((2, L.MAX_DIMS), dtype=np.int64)
-    for row, (read, written) in enumerate(((half, n), (n, half))):
-        extra[row, [L.MEM_READ, L.MEM_WRITTEN, L.MEM_FLOPS, L.MEM_INNER, L.MEM_OUTER]] = \
-            (read, written, n, n, 1)
-    names = list(ops.op_names) + ["o2_unscale_grads", "o2_master_to_model"]
-    k = len(ops.op_names)
-    cat = lambda a, b: np.concatenate([a, np.asarray(b, dtype=np.int64)])  # noqa: E731
-    table = OpTable(cat(ops.family, [L.OPTIMIZER] * 2), cat(ops.phase, [L.OPTIMIZER_PHASE] * 2),
-                    cat(dtype, [L.F32] * 2), cat(ops.count, [1, 1]),
-                    cat(ops.kernels, [kernels] * 2), np.vstack([ops.dbase, extra]),
-                    np.vstack([ops.dslope, np.zeros_like(extra)]), cat(ops.op, [k, k + 1]),
-                    names)
-    return dataclasses.replace(graph, ops=table)
+    for name, read, written in (("o2_unscale_grads", half, n), ("o2_master_to_model", n, half)):
+        _, dims, _ = families.memory_row(L.OPTIMIZER, read, written, n, n, 1)
+        ops = ops.with_rows(name, [(L.OPTIMIZER, L.OPTIMIZER_PHASE, L.F32, dims, kernels, 1)])
+    return dataclasses.replace(graph, ops=ops)
 
 
 def program(model: str, precision: str, bert_amp: str = "o2") -> str:

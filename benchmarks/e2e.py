@@ -204,21 +204,6 @@ def grad_parameters(config: dict, seq: int) -> list[tuple[int, ...]]:
 
 # ------------------------------------------ the protocol's edits of a graph ----
 
-def _rows_table(rows: list[tuple[int, int, tuple, int, int]], op_index: int):
-    """OpTable of (family, phase, dims, kernels, count) rows for one op name."""
-    from predictor.kernels import layout as L
-    from predictor.optable import OpTable
-
-    n = len(rows)
-    dbase = np.zeros((n, L.MAX_DIMS), np.int64)
-    for i, (_, _, dims, _, _) in enumerate(rows):
-        dbase[i, :len(dims)] = dims
-    col = lambda j: np.array([r[j] for r in rows], dtype=np.int64)  # noqa: E731
-    return OpTable(family=col(0), phase=col(1), dtype=np.full(n, L.F32, np.int64), count=col(4),
-                   kernels=col(3), dbase=dbase, dslope=np.zeros_like(dbase),
-                   op=np.full(n, op_index, np.int64))
-
-
 def as_measured(graph, grad_shapes: list[tuple[int, ...]]):
     """The traced step as the measuring loop ran it: without the loss's forward
     (not timed), with one gradient-accumulation add per parameter."""
@@ -244,12 +229,8 @@ def as_measured(graph, grad_shapes: list[tuple[int, ...]]):
             inner = shape[-1] if shape else 1
             fam, dims, kern = memory_row(L.ELEMENTWISE, 2 * n, n, n, inner, n // max(inner, 1))
             by_size[dims] = by_size.get(dims, 0) + 1
-        names = names + [ACCUMULATE_OP]
-        extra = _rows_table([(L.ELEMENTWISE, L.BACKWARD, d, 1, c) for d, c in by_size.items()],
-                            len(names) - 1)
-        ops = OpTable(op_names=names, **{
-            f.name: np.concatenate([getattr(ops, f.name), getattr(extra, f.name)])
-            for f in dataclasses.fields(ops) if f.name != "op_names"})
+        ops = ops.with_rows(ACCUMULATE_OP, [(L.ELEMENTWISE, L.BACKWARD, L.F32, d, 1, c)
+                                            for d, c in by_size.items()])
         if host_ops:
             host_ops[L.BACKWARD] += len(grad_shapes)
     return dataclasses.replace(graph, ops=ops, host_ops=host_ops)
@@ -261,9 +242,11 @@ def _protocol_hash() -> str:
     report changes must not invalidate cached graphs)."""
     import inspect
 
+    from predictor.optable import OpTable
+
     parts = [PROTOCOL, repr(LOSS_FORWARD_OPS), ACCUMULATE_OP]
     parts += [inspect.getsource(fn) for fn in (hf_class, build_model, make_inputs, protocol_loss,
-                                               grad_parameters, _rows_table, as_measured)]
+                                               grad_parameters, OpTable.with_rows, as_measured)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -306,21 +306,27 @@ def aligned(family, dtype_code, d):
 
 
 @njit(cache=True)
+def odd_dims(family, dtype_code, d):
+    """(N, K, M) of a 16-bit GEMM where odd among the dims `aligned` checks
+    (M only where A is a transposed view), else 0 each: its rows are aligned
+    to 2 bytes only, which the align1 kernels of ALIGN1_FLOP_PER_SM_CLOCK
+    serve. Matmuls only (cuDNN pads a convolution's odd channel counts
+    itself), and not a matrix-vector product (M or N of 1), which cuBLAS
+    runs as a GEMV, no tensor-core tiles, bound by its bytes."""
+    if family != L.MATMUL or not (dtype_code == L.F16 or dtype_code == L.BF16) \
+            or d[1] == 1 or d[2] == 1:
+        return 0, 0, 0
+    a_t = (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) != 0
+    return (d[2] if d[2] % 2 != 0 else 0, d[3] if d[3] % 2 != 0 else 0,
+            d[1] if a_t and d[1] % 2 != 0 else 0)
+
+
+@njit(cache=True)
 def two_byte_rows(family, dtype_code, d):
-    """Whether a 16-bit GEMM has an odd dim among those `aligned` checks:
-    rows aligned to 2 bytes only, which the align1 kernels of
-    ALIGN1_FLOP_PER_SM_CLOCK serve. Matmuls only (cuDNN pads a
-    convolution's odd channel counts itself), and not a matrix-vector
-    product (M or N of 1), which cuBLAS runs as a GEMV, no tensor-core
-    tiles, bound by its bytes."""
-    if family != L.MATMUL or not (dtype_code == L.F16 or dtype_code == L.BF16):
-        return False
-    if d[1] == 1 or d[2] == 1:
-        return False
-    odd = d[3] % 2 != 0 or d[2] % 2 != 0
-    if (int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T) != 0:
-        odd = odd or d[1] % 2 != 0
-    return odd
+    """Whether a 16-bit GEMM has an odd dim among those `aligned` checks
+    (`odd_dims`)."""
+    n, k, m = odd_dims(family, dtype_code, d)
+    return n != 0 or k != 0 or m != 0
 
 
 @njit(cache=True)

@@ -72,6 +72,24 @@ class OpTable:
         return OpTable(self.family, self.phase, new, self.count, self.kernels, self.dbase,
                        self.dslope, self.op, self.op_names)
 
+    def with_rows(self, name: str, rows: list[tuple[int, int, int, tuple, int, int]]) -> "OpTable":
+        """These ops and `rows` of (family, phase, dtype, base dims, kernels,
+        count) appended as a new op `name`, their dims independent of the
+        batch: a step's work no aten op of the trace records (an edit of the
+        traced program)."""
+        n = len(rows)
+        dbase = np.zeros((n, L.MAX_DIMS), np.int64)
+        for i, (_, _, _, dims, _, _) in enumerate(rows):
+            dbase[i, :len(dims)] = dims
+        col = lambda j: np.array([r[j] for r in rows], dtype=np.int64)  # noqa: E731
+        cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
+        return OpTable(cat(self.family, col(0)), cat(self.phase, col(1)), cat(self.dtype, col(2)),
+                       cat(self.count, col(5)), cat(self.kernels, col(4)),
+                       np.vstack([self.dbase, dbase]),
+                       np.vstack([self.dslope, np.zeros_like(dbase)]),
+                       cat(self.op, np.full(n, len(self.op_names), np.int64)),
+                       list(self.op_names) + [name])
+
     @staticmethod
     def empty() -> "OpTable":
         z = np.zeros(0, dtype=np.int64)

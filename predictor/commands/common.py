@@ -259,23 +259,18 @@ def odd_gemm_note(graph, dtype: str | None = None) -> str | None:
     """A note naming the odd dims of the step's 16-bit GEMMs (at its traced
     batch), or None: such a GEMM's rows are 2-byte aligned, which cuBLAS
     serves with its align1 kernels at their own rate per SM clock
-    (``kernels.precision.two_byte_rows``), several times slower than the
+    (``kernels.precision.odd_dims``), several times slower than the
     tensor cores on a data-centre GPU; a multiple of 8 there, a padded
     vocabulary of 50,264 for GPT-2's 50,257, runs the fast ones."""
     from predictor import dtypes
-    from predictor.kernels import layout as L
     from predictor.kernels import precision
 
     ops = graph.ops
     code = dtypes.parse(dtype)
     if code is not None:
         ops = ops.with_dtype(code)
-    dims = ops.dims(graph.batch_size)
-    odd: set[int] = set()
-    for family, dt, d in zip(ops.family, ops.dtype, dims):
-        if precision.two_byte_rows(int(family), int(dt), d):
-            checked = (2, 3, 1) if int(d[L.GEMM_LAYOUT]) & L.GEMM_A_T else (2, 3)
-            odd.update(int(d[j]) for j in checked if d[j] % 2)
+    odd = {int(v) for family, dt, d in zip(ops.family, ops.dtype, ops.dims(graph.batch_size))
+           for v in precision.odd_dims(int(family), int(dt), d)} - {0}
     if not odd:
         return None
     named = ", ".join(f"{v:,}" for v in sorted(odd)[:4]) + (", ..." if len(odd) > 4 else "")
