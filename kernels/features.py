@@ -63,7 +63,8 @@ from predictor.kernels.mlp import group_aux, has_group
 from predictor.kernels.roofline import (block_slots, column_or, is_gemm, peak_flops,
                                        wave_utilisation)
 from predictor.kernels.tiles import CANDIDATES, choose_tile, tile_count
-from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes, thread_blocks
+from predictor.kernels.work import (fewer_multiplies_possible, flops_and_elems, gemm_shape, is_conv,
+                                    row_elem_bytes, thread_blocks)
 
 # Model groups: one small network each.
 G_NONE = -1
@@ -333,8 +334,13 @@ def group_features(group, family, dtype_code, d, gpu, params, mlp, out):
 def learned_time_us(family, dtype_code, d, gpu, params, ideal, eta):
     """`learned_us` with the row's ideal time `ideal` from `group_features`
     (for a batched GEMM, the waves of its tiles; else `ideal_us`, so that it
-    is `learned_us` itself)."""
+    is `learned_us` itself). A convolution that can run no reduced-arithmetic
+    algorithm (`work.fewer_multiplies_possible`) never beats its direct FLOPs
+    at the peak rate: the network's Winograd-trained ceiling (eta_max 2.5)
+    is not its own."""
     t_m = roofline_us(family, dtype_code, d, gpu, params)[1]
+    if is_conv(family) and not fewer_multiplies_possible(family, d):
+        eta = min(eta, 1.0)
     return max(ideal / eta, t_m / ACHIEVABLE_DRAM)
 
 

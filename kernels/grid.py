@@ -40,7 +40,7 @@ from predictor.kernels.optime import op_time_us
 from predictor.kernels.clocks import power_limit_share, with_board_clock
 from predictor.kernels.precision import is_layout_transpose, rewrites
 from predictor.kernels.roofline import P_LAUNCH_US, generic_kernel_us, runs_generic_kernel
-from predictor.kernels.work import dims_at
+from predictor.kernels.work import as_implicit_gemm, dims_at
 
 # Fewest tasks a sweep is split into when the batch sizes alone are too few to
 # keep the threads busy (a one-batch sweep over many GPUs): enough for 8
@@ -109,7 +109,7 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
     scaled = cal_us.shape[0] > 0 and cal_us[i] > 0.0
     group = serving_group(fam, d, mlp)
     if has_group(mlp, group) and not rewrites(fam, dt, params) \
-            and not is_layout_transpose(fam, d):
+            and not is_layout_transpose(fam, d) and not as_implicit_gemm(fam, d):
         # The learned model, for the whole block of GPUs in one forward pass:
         # the block form of optime.op_time_us (the tests hold the two equal).
         x, eta, zbuf, hbuf, acc, ideal, eta_one, one = scratch

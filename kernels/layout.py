@@ -9,7 +9,8 @@ the spec loader) uses the same names, so a code is defined exactly once.
 # Each family fixes what the columns of an OpTable row's `dims` mean.
 #   GEMM-like:   matmul      dims = [B, M, N, K, layout]  (C[M,N] = A[M,K] @ B[K,N];
 #                layout = GEMM_A_T | GEMM_B_T: which operands are transposed views)
-#   convolution: conv*       dims = [N, C, H, W, K, R, S, P, Q, groups, stride, 0]
+#   convolution: conv*       dims = [N, C, H, W, K, R, S, P, Q, groups, stride, dilation]
+#                (dilation: the filter's largest dilation where above 1, else 0)
 #   attention:   attention*  dims = [B, heads, Sq, Sk, D, Dv, causal, 0...]
 #   recurrent:   lstm*       dims = [T, B, I, H, gates, 0...] (one layer, one
 #                direction; gates: 4 LSTM, 3 GRU, 1 plain RNN; 0 reads as 4)
@@ -104,6 +105,8 @@ MAX_POOL_NCHW = 4
 MEM_WINDOW_ELEMS = 7
 
 MAX_DIMS = 12
+# The convolution dims' dilation column (0: undilated).
+CONV_DILATION = 11
 
 # ---- phases ------------------------------------------------------------------
 FORWARD = 0

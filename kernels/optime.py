@@ -27,6 +27,7 @@ from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.clocks import power_limit_share, with_board_clock
 from predictor.kernels.recurrent import MAX_KERNELS, is_recurrent, lstm_kernels
+from predictor.kernels.work import as_implicit_gemm, implicit_gemm_dims
 from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL,
                                        generic_kernel_us, per_channel_batch_norm_us,
                                        runs_generic_kernel)
@@ -56,9 +57,10 @@ def learned_rows(family, mlp):
 
 @njit(cache=True)
 def recurrent_params(dtype_code, params):
-    """The parameters a recurrent layer's GEMMs are priced under: cuDNN runs
-    an fp32 layer's GEMMs in TF32 when cuDNN may (torch.backends.cudnn.
-    allow_tf32, P_TF32_CONV), whatever the matmul flag says."""
+    """The parameters cuDNN's GEMMs are priced under (a recurrent layer's, a
+    convolution's implicit GEMM): cuDNN runs fp32 GEMMs in TF32 when cuDNN
+    may (torch.backends.cudnn.allow_tf32, P_TF32_CONV), whatever the matmul
+    flag says."""
     if dtype_code != L.F32 or params[P_TF32_MATMUL] == params[P_TF32_CONV]:
         return params
     p = params.copy()
@@ -133,7 +135,31 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
 def _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     if is_recurrent(family):
         return recurrent_us(family, dtype_code, d, gpu, params, mlp)
+    if implicit_gemm_priced(family, dtype_code, d, gpu, params):
+        return implicit_gemm_us(family, dtype_code, kernels, d, gpu, params, mlp)
     return _row_us(family, dtype_code, kernels, d, gpu, params, mlp)
+
+
+@njit(cache=True)
+def implicit_gemm_priced(family, dtype_code, d, gpu, params):
+    """Whether a row is priced as its implicit GEMM (`work.as_implicit_gemm`)
+    on this GPU: where the convolution network would price it. A
+    convolution on tensor cores is priced as its GEMM by the tensor-core
+    model already (kernels.precision)."""
+    return as_implicit_gemm(family, d) \
+        and precision.mode_of(family, dtype_code, gpu, params) != precision.TENSOR_CORE
+
+
+@njit(cache=True)
+def implicit_gemm_us(family, dtype_code, kernels, d, gpu, params, mlp):
+    """A convolution row priced as its implicit GEMM (`work.as_implicit_gemm`):
+    a matmul row of `work.implicit_gemm_dims`, in TF32 where cuDNN may use it
+    (`recurrent_params`), with the convolution's launches. Its layout
+    transposes, where it has any, are rows of their own."""
+    g = np.zeros_like(d)
+    implicit_gemm_dims(family, d, g)
+    return _row_us(L.MATMUL, dtype_code, kernels, g, gpu, recurrent_params(dtype_code, params),
+                   mlp)
 
 
 @njit(cache=True)
@@ -201,6 +227,10 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
 def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     if is_recurrent(family):  # one cuDNN call: its kernels as in a step
         return recurrent_us(family, dtype_code, d, gpu, params, mlp)
+    if implicit_gemm_priced(family, dtype_code, d, gpu, params):  # its implicit GEMM alone
+        g = np.zeros_like(d)
+        implicit_gemm_dims(family, d, g)
+        family, d, params = L.MATMUL, g, recurrent_params(dtype_code, params)
     if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)

@@ -56,6 +56,58 @@ def gemm_shape(family, d):
 
 
 @njit(cache=True)
+def is_conv(family):
+    return family == L.CONV or family == L.CONV_DGRAD or family == L.CONV_WGRAD
+
+
+@njit(cache=True)
+def fewer_multiplies_possible(family, d):
+    """Whether a convolution row may run one of cuDNN's algorithms that do
+    fewer multiplies than the direct formula counts, so that its time can
+    beat its direct FLOPs at the peak rate: Winograd needs a square 3x3 or
+    5x5 filter, stride 1 and no dilation, FFT stride 1 and no dilation, and
+    gains over a GEMM only for filters of 3x3 and up (cuDNN Developer Guide,
+    the algorithms' support tables). A 1x1, strided, non-square or dilated
+    convolution runs GEMM-like kernels only."""
+    r, s = d[5], d[6]
+    return is_conv(family) and r == s and r >= 3 and d[10] <= 1 \
+        and d[L.CONV_DILATION] <= 1
+
+
+@njit(cache=True)
+def as_implicit_gemm(family, d):
+    """Whether a convolution row is priced as the implicit GEMM cuDNN runs it
+    as (`implicit_gemm_dims`) rather than by the convolution network: an
+    ungrouped convolution with a non-square filter (a 1-D convolution's k x
+    1, Inception's 1 x 7) or a dilated one. The convolution data holds 3x3,
+    stride-1, undilated convolutions only, which cuDNN runs as Winograd, FFT
+    or implicit GEMM, the fastest it finds; the network cannot tell a filter
+    or a dilation from those (their inputs never varied), so it gives such a
+    row a 3x3 convolution's price, reduced arithmetic included, where only
+    the implicit GEMM can run. Square filters of other sizes and strides
+    stay with the network, capped at the direct rate
+    (`fewer_multiplies_possible`): priced as GEMMs, ResNet-50's fp32 steps
+    on the V100s and the Quadro RTX 8000 came out 21-27 % slow against
+    their published figures (benchmarks/README.md, WaveGlow)."""
+    return is_conv(family) and d[9] <= 1 and (d[5] != d[6] or d[L.CONV_DILATION] > 1)
+
+
+@njit(cache=True)
+def implicit_gemm_dims(family, d, out):
+    """Fill `out` with the matmul dims of a convolution row's implicit GEMM
+    (`gemm_shape`): the forward X[N*P*Q, C*R*S] @ W^T, the data gradient
+    dY[N*H*W, K*R*S] @ W, the weight gradient dY^T @ X."""
+    for j in range(out.shape[0]):
+        out[j] = 0
+    bt, m, n, k = gemm_shape(family, d)
+    out[0], out[1], out[2], out[3] = bt, m, n, k
+    if family == L.CONV:
+        out[L.GEMM_LAYOUT] = L.GEMM_B_T
+    elif family == L.CONV_WGRAD:
+        out[L.GEMM_LAYOUT] = L.GEMM_A_T
+
+
+@njit(cache=True)
 def flops_and_elems(family, d):
     """(FLOPs, elements moved to/from DRAM) of one execution of a row."""
     if family == L.MATMUL or family == L.CONV or family == L.CONV_DGRAD or family == L.CONV_WGRAD:

@@ -21,6 +21,7 @@ from predictor.kernels.clocks import power_limit_share
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows, on_cuda_cores, recurrent_params
 from predictor.kernels.recurrent import is_recurrent
+from predictor.kernels.work import as_implicit_gemm
 from predictor.kernels.roofline import (GENERIC_KERNEL_FAMILIES, P_LAUNCH_US, P_TF32_CONV,
                                        P_TF32_MATMUL, default_params, generic_kernel_us)
 from predictor.optable import Graph
@@ -69,12 +70,14 @@ def predicted_basis(ops, gpu=None, params: np.ndarray | None = None,
     `batch` (`_on_cuda_cores`); memory-bound rows in half precision stay
     learned: the fp32 model prices them by the bytes they move. A recurrent
     layer is priced as its GEMMs and pointwise kernels (kernels.recurrent):
-    learned unless the GEMMs run on tensor cores."""
+    learned unless the GEMMs run on tensor cores; so is a convolution priced
+    as its implicit GEMM (kernels.work.as_implicit_gemm)."""
     basis = np.where(learned_rows(ops.family, _mlp()), L.BASIS_LEARNED, L.BASIS_ANALYTICAL)
     if gpu is not None:
         p = default_params() if params is None else params
         for i, (fam, dt) in enumerate(zip(ops.family, ops.dtype)):
-            if is_recurrent(fam):  # its GEMMs decide (kernels.recurrent)
+            if is_recurrent(fam) or as_implicit_gemm(fam, ops.dbase[i]):
+                # its GEMMs decide (kernels.recurrent, optime.implicit_gemm_us)
                 fam, row_p = L.MATMUL, recurrent_params(dt, p)
             else:
                 row_p = p

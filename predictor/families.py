@@ -262,7 +262,7 @@ def _dot(a: TensorMeta, b: TensorMeta, *_, out=None, **__) -> list[Row]:
 # -------------------------------------------------------------- convolution --
 
 def _conv_dims(x: TensorMeta, w: TensorMeta, y: TensorMeta, groups: int,
-               stride: Any) -> tuple[int, ...]:
+               stride: Any, dilation: Any = 1) -> tuple[int, ...]:
     """Dims of a forward convolution x -> y (2-D; 1-D and 3-D fold into it)."""
     n, c = x.shape[0], x.shape[1]
     k = w.shape[0]
@@ -273,7 +273,8 @@ def _conv_dims(x: TensorMeta, w: TensorMeta, y: TensorMeta, groups: int,
     r, s = sp_k[0], math.prod(sp_k[1:]) if len(sp_k) > 1 else 1
     p, q = sp_out[0], math.prod(sp_out[1:]) if len(sp_out) > 1 else 1
     st = stride[0] if isinstance(stride, (list, tuple)) and stride else (stride or 1)
-    return (n, c, h, wd, k, r, s, p, q, groups, int(st), 0)
+    dil = max(_per_dim(dilation, max(len(w.shape) - 2, 1)))
+    return (n, c, h, wd, k, r, s, p, q, groups, int(st), dil if dil > 1 else 0)
 
 
 def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list[Row]:
@@ -348,9 +349,9 @@ def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, 
         # A transposed conv is the data-gradient of the conv that maps y -> x.
         # Its weight is [C_in, C_out/g, ...]; the equivalent conv's is [C_in, ...] too.
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
-        return [(L.CONV_DGRAD, _conv_dims(y, w_eq, x, groups, stride), 1)] \
+        return [(L.CONV_DGRAD, _conv_dims(y, w_eq, x, groups, stride, dilation), 1)] \
             + _layout_transposes(x, w, x, w, y)
-    rows = [(L.CONV, _conv_dims(x, w, y, groups, stride), 1)]
+    rows = [(L.CONV, _conv_dims(x, w, y, groups, stride, dilation), 1)]
     if not _gemm_on_nchw(w, stride, padding, groups):
         rows += _layout_transposes(x, w, x, w, y)
     return rows
@@ -364,12 +365,12 @@ def _convolution_backward(grad_out: TensorMeta, x: TensorMeta, w: TensorMeta, bi
     # The data gradient is shaped as the input, the weight gradient as the filter.
     if transposed:
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
-        dims = _conv_dims(grad_out, w_eq, x, groups, stride)
+        dims = _conv_dims(grad_out, w_eq, x, groups, stride, dilation)
         if output_mask[0]:  # grad of a dgrad is a forward conv
             rows.append((L.CONV, dims, 1))
             rows += _layout_transposes(x, w, grad_out, w, x)
     else:
-        dims = _conv_dims(x, w, grad_out, groups, stride)
+        dims = _conv_dims(x, w, grad_out, groups, stride, dilation)
         if output_mask[0]:
             rows.append((L.CONV_DGRAD, dims, 1))
             if not _gemm_on_nchw(w, stride, padding, groups):

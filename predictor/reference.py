@@ -63,6 +63,28 @@ def gemm_shape(family: int, d: Sequence[int]) -> tuple[int, int, int, int]:
     return g, k // g, (c // g) * r * s, n * p * q
 
 
+def _is_conv(family: int) -> bool:
+    return family in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD)
+
+
+def fewer_multiplies_possible(family: int, d: Sequence[int]) -> bool:
+    """Winograd or FFT may run: a square filter of 3x3 or more, stride 1, undilated."""
+    return _is_conv(family) and d[5] == d[6] and d[5] >= 3 and d[10] <= 1 \
+        and d[L.CONV_DILATION] <= 1
+
+
+def as_implicit_gemm(family: int, d: Sequence[int]) -> bool:
+    """An ungrouped convolution with a non-square or dilated filter."""
+    return _is_conv(family) and d[9] <= 1 and (d[5] != d[6] or d[L.CONV_DILATION] > 1)
+
+
+def implicit_gemm_dims(family: int, d: Sequence[int]) -> list[int]:
+    out = [0] * len(d)
+    out[0], out[1], out[2], out[3] = gemm_shape(family, d)
+    out[L.GEMM_LAYOUT] = {L.CONV: L.GEMM_B_T, L.CONV_WGRAD: L.GEMM_A_T}.get(family, 0)
+    return out
+
+
 def flops_and_elems(family: int, d: Sequence[int]) -> tuple[float, float]:
     if family == L.MATMUL:
         bt, m, n, k = d[:4]
@@ -258,7 +280,10 @@ def _pow2(x) -> float:
 
 
 def learned_us(family: int, dtype_code: int, d, gpu, params, eta: float) -> float:
-    """Ideal time over eta, never faster than the bytes at the achievable DRAM rate."""
+    """Ideal time over eta, never faster than the bytes at the achievable DRAM rate;
+    a convolution that can run no reduced-arithmetic algorithm at eta <= 1."""
+    if _is_conv(family) and not fewer_multiplies_possible(family, d):
+        eta = min(eta, 1.0)
     _, elems = flops_and_elems(family, d)
     dram = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9) * 1e6
     return max(ideal_us(family, dtype_code, d, gpu, params) / eta,
@@ -765,6 +790,12 @@ def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         t = sum(count * _row_us(fam, dtype_code, 1, dims, gpu, p, mlp)
                 for fam, dims, count in lstm_kernels(family, d))
         return max(t, params[R.P_LAUNCH_US])
+    if as_implicit_gemm(family, d) and precision_mode(family, dtype_code, gpu, params) != 1:
+        # optime.implicit_gemm_us: where the convolution network would price it
+        p = list(params)
+        if dtype_code == L.F32:
+            p[R.P_TF32_MATMUL] = params[R.P_TF32_CONV]
+        return _row_us(L.MATMUL, dtype_code, kernels, implicit_gemm_dims(family, d), gpu, p, mlp)
     return _row_us(family, dtype_code, kernels, d, gpu, params, mlp)
 
 
