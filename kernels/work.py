@@ -78,8 +78,8 @@ def fewer_multiplies_possible(family, d):
 def as_implicit_gemm(family, d):
     """Whether a convolution row is priced as the implicit GEMM cuDNN runs it
     as (`implicit_gemm_dims`) rather than by the convolution network: an
-    ungrouped convolution with a non-square filter (a 1-D convolution's k x
-    1, Inception's 1 x 7) or a dilated one. The convolution data holds 3x3,
+    ungrouped stride-1 convolution with a non-square filter (a 1-D
+    convolution's k x 1, Inception's 1 x 7) or a dilated one. The convolution data holds 3x3,
     stride-1, undilated convolutions only, which cuDNN runs as Winograd, FFT
     or implicit GEMM, the fastest it finds; the network cannot tell a filter
     or a dilation from those (their inputs never varied), so it gives such a
@@ -88,8 +88,11 @@ def as_implicit_gemm(family, d):
     stay with the network, capped at the direct rate
     (`fewer_multiplies_possible`): priced as GEMMs, ResNet-50's fp32 steps
     on the V100s and the Quadro RTX 8000 came out 21-27 % slow against
-    their published figures (benchmarks/README.md, WaveGlow)."""
-    return is_conv(family) and d[9] <= 1 and (d[5] != d[6] or d[L.CONV_DILATION] > 1)
+    their published figures (benchmarks/README.md, WaveGlow). So do strided
+    ones: the data gradient's GEMM (`gemm_shape`) would count a strided
+    convolution's multiply-adds stride^2 times."""
+    return is_conv(family) and d[9] <= 1 and d[10] <= 1 \
+        and (d[5] != d[6] or d[L.CONV_DILATION] > 1)
 
 
 @njit(cache=True)

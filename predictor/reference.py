@@ -74,8 +74,9 @@ def fewer_multiplies_possible(family: int, d: Sequence[int]) -> bool:
 
 
 def as_implicit_gemm(family: int, d: Sequence[int]) -> bool:
-    """An ungrouped convolution with a non-square or dilated filter."""
-    return _is_conv(family) and d[9] <= 1 and (d[5] != d[6] or d[L.CONV_DILATION] > 1)
+    """An ungrouped stride-1 convolution with a non-square or dilated filter."""
+    return _is_conv(family) and d[9] <= 1 and d[10] <= 1 \
+        and (d[5] != d[6] or d[L.CONV_DILATION] > 1)
 
 
 def implicit_gemm_dims(family: int, d: Sequence[int]) -> list[int]:

@@ -56,9 +56,10 @@ def test_which_convolutions_leave_the_convolution_network():
             assert reference.as_implicit_gemm(fam, list(d)) == as_implicit_gemm(fam, d)
             assert reference.fewer_multiplies_possible(fam, list(d)) \
                 == fewer_multiplies_possible(fam, d)
-    grouped = DILATED.copy()
+    grouped, strided = DILATED.copy(), DILATED.copy()
     grouped[9] = 512
-    assert not as_implicit_gemm(L.CONV, grouped)
+    strided[10], strided[7] = 2, 500  # its data gradient's GEMM would count 4x the work
+    assert not as_implicit_gemm(L.CONV, grouped) and not as_implicit_gemm(L.CONV_DGRAD, strided)
     assert not as_implicit_gemm(L.MATMUL, DILATED)
 
 
