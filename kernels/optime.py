@@ -154,12 +154,28 @@ def implicit_gemm_priced(family, dtype_code, d, gpu, params):
 def implicit_gemm_us(family, dtype_code, kernels, d, gpu, params, mlp):
     """A convolution row priced as its implicit GEMM (`work.as_implicit_gemm`):
     a matmul row of `work.implicit_gemm_dims`, in TF32 where cuDNN may use it
-    (`recurrent_params`), with the convolution's launches. Its layout
+    (`recurrent_params`) unless its FMA kernels are faster
+    (`cudnn_searches_ffma`), with the convolution's launches. Its layout
     transposes, where it has any, are rows of their own."""
     g = np.zeros_like(d)
     implicit_gemm_dims(family, d, g)
-    return _row_us(L.MATMUL, dtype_code, kernels, g, gpu, recurrent_params(dtype_code, params),
-                   mlp)
+    p = recurrent_params(dtype_code, params)
+    t = _row_us(L.MATMUL, dtype_code, kernels, g, gpu, p, mlp)
+    if cudnn_searches_ffma(dtype_code, p):
+        t = min(t, _row_us(L.MATMUL, dtype_code, kernels, g, gpu, precision.without_tf32(p), mlp))
+    return t
+
+
+@njit(cache=True)
+def cudnn_searches_ffma(dtype_code, params):
+    """Whether a convolution's implicit GEMM in fp32 with TF32 allowed also
+    has cuDNN's FMA kernels to choose from: its algorithm search times the
+    engines it has for the convolution and keeps the fastest, tensor-core or
+    not (cuBLAS picks TF32 kernels by the math mode, `precision.has_tf32`).
+    So it costs the lesser of the two prices, never more when a dim's
+    alignment (here one that grows with the batch) takes the tensor-core
+    kernels away."""
+    return dtype_code == L.F32 and params[P_TF32_MATMUL] > 0.5
 
 
 @njit(cache=True)
@@ -184,7 +200,16 @@ def _row_us(family, dtype_code, kernels, d, gpu, params, mlp):
 def on_cuda_cores(family, dtype_code, kernels, d, gpu, params, mlp):
     """Whether a tensor-core row is priced as its CUDA-core kernels: an
     unaligned TF32 GEMM whose fp32 price is the lower
-    (`precision.cuda_cores_compete`)."""
+    (`precision.cuda_cores_compete`), or a convolution's TF32 implicit GEMM
+    whose FMA kernels are faster (`cudnn_searches_ffma`)."""
+    if implicit_gemm_priced(family, dtype_code, d, gpu, params):
+        p = recurrent_params(dtype_code, params)
+        if not cudnn_searches_ffma(dtype_code, p):
+            return False
+        g = np.zeros_like(d)
+        implicit_gemm_dims(family, d, g)
+        return _row_us(L.MATMUL, dtype_code, kernels, g, gpu, precision.without_tf32(p), mlp) \
+            < _row_us(L.MATMUL, dtype_code, kernels, g, gpu, p, mlp)
     if precision.mode_of(family, dtype_code, gpu, params) != precision.TENSOR_CORE \
             or not precision.cuda_cores_compete(family, dtype_code, d):
         return False
@@ -230,7 +255,17 @@ def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     if implicit_gemm_priced(family, dtype_code, d, gpu, params):  # its implicit GEMM alone
         g = np.zeros_like(d)
         implicit_gemm_dims(family, d, g)
-        family, d, params = L.MATMUL, g, recurrent_params(dtype_code, params)
+        p = recurrent_params(dtype_code, params)
+        t = _isolated_row_us(L.MATMUL, dtype_code, g, gpu, p, mlp)
+        if cudnn_searches_ffma(dtype_code, p):
+            t = min(t, _isolated_row_us(L.MATMUL, dtype_code, g, gpu, precision.without_tf32(p),
+                                        mlp))
+        return t
+    return _isolated_row_us(family, dtype_code, d, gpu, params, mlp)
+
+
+@njit(cache=True)
+def _isolated_row_us(family, dtype_code, d, gpu, params, mlp):
     if not precision.layout_transpose_runs(family, dtype_code, d, gpu, params):
         return 0.0
     mode = precision.mode_of(family, dtype_code, gpu, params)

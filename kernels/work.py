@@ -86,23 +86,41 @@ def as_implicit_gemm(family, d):
     row a 3x3 convolution's price, reduced arithmetic included, where only
     the implicit GEMM can run. Square filters of other sizes and strides
     stay with the network, capped at the direct rate
-    (`fewer_multiplies_possible`): priced as GEMMs, ResNet-50's fp32 steps
-    on the V100s and the Quadro RTX 8000 came out 21-27 % slow against
-    their published figures (benchmarks/README.md, WaveGlow). So do strided
-    ones: the data gradient's GEMM (`gemm_shape`) would count a strided
+    (`fewer_multiplies_possible`): priced as GEMMs, ResNet-50's 1x1 ones
+    moved its published fp32 figures 6-13 points slower (V100 SXM2 16GB
+    -5.7 -> -14.0 %, Quadro RTX 8000 +4.7 -> -8.5 %) and WaveGlow's a few
+    points either way (benchmarks/README.md, WaveGlow). So do strided ones:
+    the data gradient's GEMM (`gemm_shape`) would count a strided
     convolution's multiply-adds stride^2 times."""
     return is_conv(family) and d[9] <= 1 and d[10] <= 1 \
         and (d[5] != d[6] or d[L.CONV_DILATION] > 1)
+
+
+# The pixel dim of a convolution's implicit GEMM is rounded up to this many
+# pixels (`implicit_gemm_dims`): the alignment rule's largest step (8
+# elements of a 16-bit dtype).
+PIXEL_ALIGN = 8
 
 
 @njit(cache=True)
 def implicit_gemm_dims(family, d, out):
     """Fill `out` with the matmul dims of a convolution row's implicit GEMM
     (`gemm_shape`): the forward X[N*P*Q, C*R*S] @ W^T, the data gradient
-    dY[N*H*W, K*R*S] @ W, the weight gradient dY^T @ X."""
+    dY[N*H*W, K*R*S] @ W, the weight gradient dY^T @ X. The pixel dim, the
+    one the batch multiplies (M of the forward and data gradient, the weight
+    gradient's reduction), is rounded up to PIXEL_ALIGN: a convolution
+    kernel's rows are its channels, loaded along the channels, and it walks
+    the pixels with predicated loads, so no pixel count takes its fast
+    kernels away (the alignment rule of a convolution is its channels',
+    kernels.precision.aligned), where a GEMM of an odd M or reduction loses
+    them. At most 7 pixels of work more."""
     for j in range(out.shape[0]):
         out[j] = 0
     bt, m, n, k = gemm_shape(family, d)
+    if family == L.CONV_WGRAD:
+        k = _cdiv(k, PIXEL_ALIGN) * PIXEL_ALIGN
+    else:
+        m = _cdiv(m, PIXEL_ALIGN) * PIXEL_ALIGN
     out[0], out[1], out[2], out[3] = bt, m, n, k
     if family == L.CONV:
         out[L.GEMM_LAYOUT] = L.GEMM_B_T

@@ -111,13 +111,15 @@ def _element_bound(ops, batch: int, gpu: np.ndarray, per_op_us: np.ndarray,
 def _on_cuda_cores(ops, batch: int, gpu: np.ndarray, params: np.ndarray) -> np.ndarray:
     """Rows on tensor cores by their dtype that are priced as their CUDA-core
     kernels at this batch (an unaligned TF32 GEMM whose fp32 price is the
-    lower, kernels.optime.on_cuda_cores): their basis is the learned fp32
-    model's where one serves them."""
+    lower, a convolution's implicit GEMM whose FMA kernels are faster:
+    kernels.optime.on_cuda_cores): their basis is the learned fp32 model's
+    where one serves them."""
     out = np.zeros(len(ops), dtype=bool)
     mlp = _mlp()
     d = ops.dims(batch)
-    for i in np.flatnonzero((ops.family == L.MATMUL) & (ops.dtype == L.F32)):
-        out[i] = on_cuda_cores(L.MATMUL, L.F32, ops.kernels[i], d[i], gpu, params, mlp)
+    convs = np.isin(ops.family, (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD))
+    for i in np.flatnonzero(((ops.family == L.MATMUL) | convs) & (ops.dtype == L.F32)):
+        out[i] = on_cuda_cores(ops.family[i], L.F32, ops.kernels[i], d[i], gpu, params, mlp)
     return out & learned_rows(ops.family, mlp)
 
 

@@ -80,8 +80,14 @@ def as_implicit_gemm(family: int, d: Sequence[int]) -> bool:
 
 
 def implicit_gemm_dims(family: int, d: Sequence[int]) -> list[int]:
+    """The pixel dim rounded up to 8 (work.PIXEL_ALIGN)."""
     out = [0] * len(d)
-    out[0], out[1], out[2], out[3] = gemm_shape(family, d)
+    bt, m, n, k = gemm_shape(family, d)
+    if family == L.CONV_WGRAD:
+        k = _cdiv(k, 8) * 8
+    else:
+        m = _cdiv(m, 8) * 8
+    out[0], out[1], out[2], out[3] = bt, m, n, k
     out[L.GEMM_LAYOUT] = {L.CONV: L.GEMM_B_T, L.CONV_WGRAD: L.GEMM_A_T}.get(family, 0)
     return out
 
@@ -796,7 +802,13 @@ def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         p = list(params)
         if dtype_code == L.F32:
             p[R.P_TF32_MATMUL] = params[R.P_TF32_CONV]
-        return _row_us(L.MATMUL, dtype_code, kernels, implicit_gemm_dims(family, d), gpu, p, mlp)
+        g = implicit_gemm_dims(family, d)
+        t = _row_us(L.MATMUL, dtype_code, kernels, g, gpu, p, mlp)
+        if dtype_code == L.F32 and p[R.P_TF32_MATMUL] > 0.5:  # optime.cudnn_searches_ffma
+            ffma = list(p)
+            ffma[R.P_TF32_MATMUL] = 0.0
+            t = min(t, _row_us(L.MATMUL, dtype_code, kernels, g, gpu, ffma, mlp))
+        return t
     return _row_us(family, dtype_code, kernels, d, gpu, params, mlp)
 
 

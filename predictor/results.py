@@ -22,7 +22,9 @@ def describe(family: int, d) -> str:
     if family in (L.CONV, L.CONV_DGRAD, L.CONV_WGRAD):
         n, c, h, w, k, r, s, p, q, g, st = d[:11]
         grp = f" g{g}" if g > 1 else ""
-        return f"{n}x{c}x{h}x{w} -> {k}x{p}x{q} k{r}x{s} s{st}{grp}"
+        dil = d[L.CONV_DILATION] if len(d) > L.CONV_DILATION else 0
+        return f"{n}x{c}x{h}x{w} -> {k}x{p}x{q} k{r}x{s} s{st}" + (f" d{dil}" if dil > 1 else "") \
+            + grp
     if family in (L.ATTENTION, L.ATTENTION_BWD):
         b, h, sq, sk, dd, dv, causal = d[:7]
         return f"{b}x{h}h q{sq} k{sk} d{dd}" + (" causal" if causal else "")
