@@ -558,6 +558,33 @@ def _layer_norm_bwd(grad: TensorMeta, x: TensorMeta, normalized_shape, mean, rst
                        12 * x.numel, inner, outer, kernels)]
 
 
+def _weight_norm_rows(v: TensorMeta, dim) -> tuple[int, int]:
+    """(inner, outer) of weight normalisation's rows: one norm for each slice
+    along `dim` (ATen's first- and last-dim kernels: a block a slice)."""
+    d = int(dim) % max(len(v.shape), 1) if v.shape else 0
+    outer = v.shape[d] if v.shape else 1
+    return v.numel // max(outer, 1), outer
+
+
+@register(aten._weight_norm_interface)
+def _weight_norm(v: TensorMeta, g: TensorMeta, dim=0, *_, out=None, **__) -> list[Row]:
+    """w = g * v / ||v||, the norm over each slice along `dim`: a row
+    reduction and a scaled copy of the row, one kernel (`torch.nn.utils.
+    weight_norm` recomputes it from v and g at every forward)."""
+    inner, outer = _weight_norm_rows(v, dim)
+    return [memory_row(L.LAYER_NORM, v.numel + outer, v.numel + outer, 4 * v.numel, inner, outer)]
+
+
+@register(aten._weight_norm_interface_backward)
+def _weight_norm_bwd(grad_w: TensorMeta, v: TensorMeta, g: TensorMeta, norms, dim=0, *_, out=None,
+                     **__) -> list[Row]:
+    """grad_v and grad_g from grad_w, v, g and the saved norms: a row
+    reduction of grad_w . v and a scaled row, one kernel."""
+    inner, outer = _weight_norm_rows(v, dim)
+    return [memory_row(L.LAYER_NORM_BWD, 2 * v.numel + 2 * outer, v.numel + outer, 8 * v.numel,
+                       inner, outer)]
+
+
 @register(aten.native_group_norm)
 def _group_norm(x: TensorMeta, w, b, n, c, hw, groups, *_, out=None, **__) -> list[Row]:
     inner = x.numel // max(n * groups, 1)

@@ -124,3 +124,18 @@ def test_the_sweep_prices_an_implicit_gemm_row_as_the_per_op_table_does():
         assert p.ops.ms.sum() == pytest.approx(p.iteration_ms - p.overhead_ms, rel=1e-9)
         swept = predictor.sweep(graph, [gpu], [4]).phase_ms[0, 0].sum()
         assert swept == pytest.approx(p.iteration_ms, rel=1e-9)
+
+
+def test_weight_normalisation_is_a_row_op_not_a_fallback():
+    """torch.nn.utils weight normalisation recomputes w = g v / ||v|| every
+    forward (WaveGlow's WN layers, wav2vec 2.0's positional convolution):
+    one row kernel a slice along dim 0, forward and backward."""
+    conv = nn.Conv1d(64, 128, 3, padding=1)
+    graph = predictor.trace(lambda: nn.utils.parametrizations.weight_norm(conv),
+                            lambda b: torch.zeros(b, 64, 100), batch_size=2)
+    p = predictor.predict(graph, "A100-SXM4-80GB", batch_size=2)
+    assert not p.unsupported
+    ops = p.ops.set_index("op")
+    n = 128 * 64 * 3
+    assert ops.loc["_weight_norm_interface", "dims"][:2] == (n + 128, n + 128)
+    assert ops.loc["_weight_norm_interface_backward", "family"] == "layer_norm_bwd"
