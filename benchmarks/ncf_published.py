@@ -204,9 +204,7 @@ def predict_rows(table=None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
-    args = ap.parse_args(argv)
+    args = breakdown_args(__doc__, argv)
     nvidia, lam = predict_rows(), predict_rows(lambda_table())
     for source, rows in ((SOURCE, nvidia), (LAMBDA_SOURCE, lam)):
         print(source)
@@ -222,6 +220,31 @@ def main(argv=None) -> int:
         print()
     print_lambda_summary(nvidia, lam)
     return 0
+
+
+def breakdown_args(doc: str, argv=None) -> argparse.Namespace:
+    """The published-throughput harnesses' command line (`--breakdown`),
+    described by the first paragraph of their docstring `doc`."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
+    return ap.parse_args(argv)
+
+
+def print_step_table(rows: list[dict], unit: str) -> None:
+    """Each row's published and predicted throughput (`unit` a second), its
+    error and both step times, with a model column where `rows` hold more
+    than one model (the Transformer-XL and WaveGlow harnesses' table)."""
+    models = len({r["model"] for r in rows}) > 1
+    head = "| model " if models else ""
+    print(f"\n{head}| GPU | precision | batch | published {unit}/s | predicted | error "
+          "| published step ms | predicted |")
+    print(("| --- " if models else "") + "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        first = f"| {r['model']} " if models else ""
+        print(f"{first}| {r['gpu']} | {r['precision']} | {r['batch']} | "
+              f"{r['published']:,.0f} | {r['predicted']:,.0f} | {r['error_pct']:+.1f} % | "
+              f"{r['published_step_ms']:.0f} | {r['step_ms']:.0f} |")
 
 
 def print_summary(rows: list[dict], breakdown: bool) -> None:

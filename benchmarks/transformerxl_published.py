@@ -55,7 +55,6 @@ log closes with.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import torch
@@ -64,7 +63,7 @@ import torch.nn.functional as F
 
 from benchmarks.amp_published import lambda_precision, o2_graph, spearman
 from benchmarks.gnmt_published import speedups
-from benchmarks.ncf_published import print_summary
+from benchmarks.ncf_published import breakdown_args, print_step_table, print_summary
 
 _LAMBDA = "https://github.com/lambdal/deeplearning-benchmark/blob/{}/pytorch/{}"
 SOURCE = ("Lambda, " + _LAMBDA.format("0551cb70ffdc155dc4cb2c10dddebb65651c3883",
@@ -254,19 +253,10 @@ def predict_rows(table=None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
-    args = ap.parse_args(argv)
+    args = breakdown_args(__doc__, argv)
     rows = predict_rows()
     print(SOURCE)
-    print("\n| model | GPU | precision | batch | published tok/s | predicted | error "
-          "| published step ms | predicted |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['model']} | {r['gpu']} | {r['precision']} | {r['batch']} | "
-              f"{r['published']:,.0f} | {r['predicted']:,.0f} | {r['error_pct']:+.1f} % | "
-              f"{r['published_step_ms']:.0f} | {r['step_ms']:.0f} |")
+    print_step_table(rows, "tok")
     for model in dict.fromkeys(r["model"] for r in rows):
         sub = [r for r in rows if r["model"] == model]
         print(f"\n{model}:")

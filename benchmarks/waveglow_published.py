@@ -50,7 +50,6 @@ LambdaCloud_A10_v1/` and `H100_80GB_SXM5_v1/PyTorch_waveglow_FP32/`).
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import torch
@@ -58,7 +57,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from benchmarks.amp_published import lambda_precision, spearman
-from benchmarks.ncf_published import print_summary
+from benchmarks.ncf_published import breakdown_args, print_step_table, print_summary
 
 _LAMBDA = "https://github.com/lambdal/deeplearning-benchmark/blob/{}/pytorch/{}"
 SOURCE = ("Lambda, " + _LAMBDA.format("0551cb70ffdc155dc4cb2c10dddebb65651c3883",
@@ -216,19 +215,10 @@ def predict_rows(table=None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
-    args = ap.parse_args(argv)
+    args = breakdown_args(__doc__, argv)
     rows = predict_rows()
     print(SOURCE)
-    print("\n| GPU | precision | batch | published samples/s | predicted | error "
-          "| published step ms | predicted |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['gpu']} | {r['precision']} | {r['batch']} | {r['published']:,.0f} | "
-              f"{r['predicted']:,.0f} | {r['error_pct']:+.1f} % | "
-              f"{r['published_step_ms']:.0f} | {r['step_ms']:.0f} |")
+    print_step_table(rows, "samples")
     for group, precs in (("fp32", ("fp32",)), ("tf32", ("tf32",))):
         g = [r for r in rows if r["precision"] in precs]
         print(f"{group}: mean |error| {np.mean([abs(r['error_pct']) for r in g]):.1f} % "
