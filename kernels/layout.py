@@ -70,11 +70,15 @@ MEM_OUTER = 4
 # a convolution whose tensors are NCHW (PyTorch's default memory format): its
 # tensor-core kernels are NHWC, so it converts the input and filter
 # (nchwToNhwc) and the output back (nhwcToNchw). Priced only on a GPU where
-# the convolution runs on tensor cores (predictor.kernels.precision).
+# the convolution runs on tensor cores (predictor.kernels.precision). 2
+# (LAYOUT_IMPLICIT_GEMM): the same around an fp32 convolution priced as its
+# implicit GEMM (kernels.work.as_implicit_gemm), which also runs on TF32
+# tensor cores where cuDNN may use them.
 # dims[5] of a BATCH_NORM / BATCH_NORM_BWD row: 1 when its input is
 # channels-last (kernels.roofline.per_channel_batch_norm_us prices an NCHW
 # one's per-channel passes).
 MEM_LAYOUT = 5
+LAYOUT_IMPLICIT_GEMM = 2
 # dims[6] of a COPY or ELEMENTWISE row: which of PyTorch's elementwise
 # kernels runs it, where that is not the vectorised one
 # (kernels.roofline.generic_kernel_us prices them by elements, not bytes):

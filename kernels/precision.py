@@ -80,7 +80,7 @@ from numba import njit
 
 from predictor.kernels import layout as L
 from predictor.kernels.clocks import power_limit_share
-from predictor.kernels.roofline import (P_ETA_M, P_LAUNCH_US, P_TF32_MATMUL, SPLIT_K_MIN,
+from predictor.kernels.roofline import (P_ETA_M, P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL, SPLIT_K_MIN,
                                        column_or)
 from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes
 
@@ -227,9 +227,17 @@ def layout_transpose_runs(family, dtype_code, d, gpu, params):
     """Whether a row runs a kernel on this GPU: every row but a layout
     transpose of a convolution that does not run on tensor cores here (fp32
     and TF32 convolutions, which the fp32 models price from measured NCHW
-    convolutions; half precision on a GPU without tensor cores for it)."""
+    convolutions; half precision on a GPU without tensor cores for it). A
+    transpose around a convolution priced as its implicit GEMM
+    (L.LAYOUT_IMPLICIT_GEMM) runs in fp32 too where TF32 convolutions run
+    on tensor cores: the H200's fp32 ResNet-50 step, TF32 convolutions by
+    PyTorch's default, ran 151 nchwToNhwcKernel<float> and 65
+    nhwcToNchwKernel<float> launches, 6.3 of its 60.7 ms
+    (benchmarks/data/h200/profile)."""
     if not is_layout_transpose(family, d):
         return True
+    if d[L.MEM_LAYOUT] == L.LAYOUT_IMPLICIT_GEMM and dtype_code == L.F32:
+        return params[P_TF32_CONV] > 0.5 and has_tf32(gpu)
     return tensor_core_peak(L.CONV, dtype_code, gpu, params) > 0.0
 
 

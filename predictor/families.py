@@ -30,10 +30,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from predictor import dtypes
 from predictor.kernels import layout as L
+from predictor.kernels.work import as_implicit_gemm
 from predictor.registry import Registry
 
 aten = torch.ops.aten
@@ -277,7 +279,8 @@ def _conv_dims(x: TensorMeta, w: TensorMeta, y: TensorMeta, groups: int,
     return (n, c, h, wd, k, r, s, p, q, groups, int(st), dil if dil > 1 else 0)
 
 
-def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list[Row]:
+def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta,
+                       dims: tuple[int, ...] | None = None) -> list[Row]:
     """The layout transposes of one cuDNN convolution call that reads or writes
     the tensors `moved` (input, filter and output of a forward conv, a dgrad or
     a wgrad), when the convolution runs in NCHW: cuDNN's tensor-core
@@ -303,9 +306,19 @@ def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list
     model learned from measured NCHW convolutions (whatever kernels cuDNN ran
     are in the measured times), so an fp32 trace is unchanged (and
     ``predict(dtype="float16")`` of an fp32 trace adds no transposes: trace
-    with ``amp=`` for them). A tensor whose channels or spatial extent is 1
-    has the same bytes in both formats and is not moved."""
-    if x.channels_last or w.channels_last or x.dtype not in (torch.float16, torch.bfloat16):
+    with ``amp=`` for them). But an fp32 convolution priced as its implicit
+    GEMM (`dims`, kernels.work.as_implicit_gemm) is priced as the
+    tensor-core GEMM it runs in TF32, so it gets them too, flagged
+    L.LAYOUT_IMPLICIT_GEMM: they cost time where TF32 convolutions run on
+    tensor cores. A tensor whose channels or spatial extent is 1 has the
+    same bytes in both formats and is not moved."""
+    if x.channels_last or w.channels_last:
+        return []
+    flag = 1
+    if x.dtype == torch.float32 and dims is not None \
+            and as_implicit_gemm(L.CONV, np.asarray(dims, dtype=np.int64)):
+        flag = L.LAYOUT_IMPLICIT_GEMM
+    elif x.dtype not in (torch.float16, torch.bfloat16):
         return []
     rows: list[Row] = []
     for t in moved:
@@ -313,7 +326,7 @@ def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta) -> list
             continue
         n = t.numel
         inner = t.shape[-1]
-        rows.append((L.COPY, (n, n, 0, inner, n // max(inner, 1), 1), 1))
+        rows.append((L.COPY, (n, n, 0, inner, n // max(inner, 1), flag), 1))
     return rows
 
 
@@ -349,11 +362,12 @@ def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, 
         # A transposed conv is the data-gradient of the conv that maps y -> x.
         # Its weight is [C_in, C_out/g, ...]; the equivalent conv's is [C_in, ...] too.
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
-        return [(L.CONV_DGRAD, _conv_dims(y, w_eq, x, groups, stride, dilation), 1)] \
-            + _layout_transposes(x, w, x, w, y)
-    rows = [(L.CONV, _conv_dims(x, w, y, groups, stride, dilation), 1)]
+        dims = _conv_dims(y, w_eq, x, groups, stride, dilation)
+        return [(L.CONV_DGRAD, dims, 1)] + _layout_transposes(x, w, x, w, y, dims=dims)
+    dims = _conv_dims(x, w, y, groups, stride, dilation)
+    rows = [(L.CONV, dims, 1)]
     if not _gemm_on_nchw(w, stride, padding, groups):
-        rows += _layout_transposes(x, w, x, w, y)
+        rows += _layout_transposes(x, w, x, w, y, dims=dims)
     return rows
 
 
@@ -368,16 +382,16 @@ def _convolution_backward(grad_out: TensorMeta, x: TensorMeta, w: TensorMeta, bi
         dims = _conv_dims(grad_out, w_eq, x, groups, stride, dilation)
         if output_mask[0]:  # grad of a dgrad is a forward conv
             rows.append((L.CONV, dims, 1))
-            rows += _layout_transposes(x, w, grad_out, w, x)
+            rows += _layout_transposes(x, w, grad_out, w, x, dims=dims)
     else:
         dims = _conv_dims(x, w, grad_out, groups, stride, dilation)
         if output_mask[0]:
             rows.append((L.CONV_DGRAD, dims, 1))
             if not _gemm_on_nchw(w, stride, padding, groups):
-                rows += _layout_transposes(x, w, grad_out, w, x)
+                rows += _layout_transposes(x, w, grad_out, w, x, dims=dims)
     if output_mask[1]:
         rows.append((L.CONV_WGRAD, dims, 1))
-        rows += _layout_transposes(x, w, grad_out, x, w)
+        rows += _layout_transposes(x, w, grad_out, x, w, dims=dims)
     if len(output_mask) > 2 and output_mask[2]:
         cout = grad_out.shape[1]
         rows.append(memory_row(L.REDUCTION, grad_out.numel, cout, grad_out.numel,

@@ -139,3 +139,37 @@ def test_weight_normalisation_is_a_row_op_not_a_fallback():
     n = 128 * 64 * 3
     assert ops.loc["_weight_norm_interface", "dims"][:2] == (n + 128, n + 128)
     assert ops.loc["_weight_norm_interface_backward", "family"] == "layer_norm_bwd"
+
+
+def test_an_implicit_gemm_convolution_pays_its_transposes_where_tf32_runs_it():
+    """cuDNN's TF32 tensor-core kernels are NHWC: around an fp32 NCHW
+    convolution priced as its (tensor-core) implicit GEMM the lowering writes
+    the layout transposes, flagged LAYOUT_IMPLICIT_GEMM, which cost time
+    where TF32 convolutions run on tensor cores and nothing elsewhere."""
+    graph = predictor.trace(lambda: nn.Conv1d(64, 128, 3, dilation=2, padding=2),
+                            lambda b: torch.zeros(b, 64, 500, requires_grad=True), batch_size=4)
+    ops = graph.ops
+    flagged = (ops.family == L.COPY) & (ops.dbase[:, L.MEM_LAYOUT] == L.LAYOUT_IMPLICIT_GEMM)
+    assert flagged.sum() >= 3
+    plain = predictor.trace(lambda: nn.Conv2d(64, 128, 3, padding=1),
+                            lambda b: torch.zeros(b, 64, 20, 20), batch_size=4).ops
+    assert not ((plain.family == L.COPY) & (plain.dbase[:, L.MEM_LAYOUT] > 0)).any()
+
+    def transposes_ms(gpu, **kw):
+        p = predictor.predict(graph, gpu, batch_size=4, **kw)
+        assert p.ops.ms.sum() == pytest.approx(p.iteration_ms - p.overhead_ms, rel=1e-9)
+        swept = predictor.sweep(graph, [gpu], [4], **kw).phase_ms[0, 0].sum()
+        assert swept == pytest.approx(p.iteration_ms, rel=1e-9)
+        return p.ops[p.ops["shape"].str.contains("transpose")].ms.sum()
+
+    assert transposes_ms("A100-SXM4-80GB") > 0
+    assert transposes_ms("A100-SXM4-80GB", tf32_conv=False) == 0
+    assert transposes_ms("V100-SXM2-16GB") == 0
+    mlp, p = opmodel.weights(), default_params()
+    d = ops.dims(4)
+    for gpu in ("A100-SXM4-80GB", "V100-SXM2-16GB"):
+        f = hardware.get(gpu).features
+        for i in np.flatnonzero(flagged):
+            assert reference.op_time_us(L.COPY, L.F32, 1, [int(v) for v in d[i]], list(f), p,
+                                        list(mlp)) \
+                == pytest.approx(op_time_us(L.COPY, L.F32, 1, d[i], f, p, mlp), rel=1e-9)

@@ -35,10 +35,10 @@ def test_rows_are_priced_near_the_published_figures():
         assert r["gpu"] in known
         assert math.isfinite(r["predicted"]) and r["predicted"] > 0
         assert r["error_pct"] == pytest.approx(100 * (r["predicted"] / r["published"] - 1))
-        assert abs(r["error_pct"]) < 60, r
+        assert abs(r["error_pct"]) < 45, r
     by_gpu = {r["gpu"]: r for r in rows}
     # The GeForce boards, whose TF32 rate is their fp32 one, and the fp32
     # boards: their 1-D convolutions are priced as implicit GEMMs
     # (kernels.work.as_implicit_gemm), 23-46 % fast as 3x3 convolutions.
     for gpu in ("RTX-3090", "RTX-4090", "V100-SXM2-16GB", "QUADRO-RTX-8000", "A10"):
-        assert abs(by_gpu[gpu]["error_pct"]) < 10, by_gpu[gpu]
+        assert abs(by_gpu[gpu]["error_pct"]) < 12, by_gpu[gpu]
