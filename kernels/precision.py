@@ -80,8 +80,8 @@ from numba import njit
 
 from predictor.kernels import layout as L
 from predictor.kernels.clocks import power_limit_share
-from predictor.kernels.roofline import (P_ETA_M, P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL, SPLIT_K_MIN,
-                                       column_or)
+from predictor.kernels.roofline import (P_ETA_M, P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL,
+                                       SPLIT_K_MIN, column_or)
 from predictor.kernels.work import flops_and_elems, gemm_shape, row_elem_bytes
 
 AS_IS = 0

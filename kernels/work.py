@@ -79,12 +79,12 @@ def as_implicit_gemm(family, d):
     """Whether a convolution row is priced as the implicit GEMM cuDNN runs it
     as (`implicit_gemm_dims`) rather than by the convolution network: an
     ungrouped stride-1 convolution with a non-square filter (a 1-D
-    convolution's k x 1, Inception's 1 x 7) or a dilated one. The convolution data holds 3x3,
-    stride-1, undilated convolutions only, which cuDNN runs as Winograd, FFT
-    or implicit GEMM, the fastest it finds; the network cannot tell a filter
-    or a dilation from those (their inputs never varied), so it gives such a
-    row a 3x3 convolution's price, reduced arithmetic included, where only
-    the implicit GEMM can run. Square filters of other sizes and strides
+    convolution's k x 1, Inception's 1 x 7) or a dilated one. The
+    convolution data holds 3x3, stride-1, undilated convolutions only, which
+    cuDNN runs as Winograd, FFT or implicit GEMM, the fastest it finds; the
+    network cannot tell a filter or a dilation from those (their inputs
+    never varied), so it gives such a row a 3x3 convolution's price, reduced
+    arithmetic included, where only the implicit GEMM can run. Square filters of other sizes and strides
     stay with the network, capped at the direct rate
     (`fewer_multiplies_possible`): priced as GEMMs, ResNet-50's 1x1 ones
     moved its published fp32 figures 6-13 points slower (V100 SXM2 16GB

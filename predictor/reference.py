@@ -816,8 +816,9 @@ def _row_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
             gpu: Sequence[float], params, mlp) -> float:
     if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0:
         if d[L.MEM_LAYOUT] == L.LAYOUT_IMPLICIT_GEMM and dtype_code == L.F32:
+            tf32 = gpu[L.G_TF32_TFLOPS]  # precision.has_tf32
             runs = params[R.P_TF32_CONV] > 0.5 and gpu[L.G_CC_MAJOR] >= 8.0 \
-                and 0.0 < gpu[L.G_TF32_TFLOPS] and gpu[L.G_TF32_TFLOPS] >= 0.95 * gpu[L.G_FP32_TFLOPS]
+                and tf32 > 0.0 and tf32 >= 0.95 * gpu[L.G_FP32_TFLOPS]
         else:
             runs = tensor_core_peak(L.CONV, dtype_code, gpu, params) > 0.0
         if not runs:  # precision.layout_transpose_runs
