@@ -157,13 +157,21 @@ def implicit_gemm_us(family, dtype_code, kernels, d, gpu, params, mlp):
     (`recurrent_params`) unless its FMA kernels are faster
     (`cudnn_searches_ffma`), with the convolution's launches. Its layout
     transposes, where it has any, are rows of their own."""
-    g = np.zeros_like(d)
-    implicit_gemm_dims(family, d, g)
-    p = recurrent_params(dtype_code, params)
+    g, p = implicit_gemm_row(family, dtype_code, d, params)
     t = _row_us(L.MATMUL, dtype_code, kernels, g, gpu, p, mlp)
     if cudnn_searches_ffma(dtype_code, p):
         t = min(t, _row_us(L.MATMUL, dtype_code, kernels, g, gpu, precision.without_tf32(p), mlp))
     return t
+
+
+@njit(cache=True)
+def implicit_gemm_row(family, dtype_code, d, params):
+    """(matmul dims, parameters) a convolution row's implicit GEMM is priced
+    with: `work.implicit_gemm_dims`, in TF32 where cuDNN may use it
+    (`recurrent_params`)."""
+    g = np.zeros_like(d)
+    implicit_gemm_dims(family, d, g)
+    return g, recurrent_params(dtype_code, params)
 
 
 @njit(cache=True)
@@ -203,11 +211,9 @@ def on_cuda_cores(family, dtype_code, kernels, d, gpu, params, mlp):
     (`precision.cuda_cores_compete`), or a convolution's TF32 implicit GEMM
     whose FMA kernels are faster (`cudnn_searches_ffma`)."""
     if implicit_gemm_priced(family, dtype_code, d, gpu, params):
-        p = recurrent_params(dtype_code, params)
+        g, p = implicit_gemm_row(family, dtype_code, d, params)
         if not cudnn_searches_ffma(dtype_code, p):
             return False
-        g = np.zeros_like(d)
-        implicit_gemm_dims(family, d, g)
         return _row_us(L.MATMUL, dtype_code, kernels, g, gpu, precision.without_tf32(p), mlp) \
             < _row_us(L.MATMUL, dtype_code, kernels, g, gpu, p, mlp)
     if precision.mode_of(family, dtype_code, gpu, params) != precision.TENSOR_CORE \
@@ -253,9 +259,7 @@ def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     if is_recurrent(family):  # one cuDNN call: its kernels as in a step
         return recurrent_us(family, dtype_code, d, gpu, params, mlp)
     if implicit_gemm_priced(family, dtype_code, d, gpu, params):  # its implicit GEMM alone
-        g = np.zeros_like(d)
-        implicit_gemm_dims(family, d, g)
-        p = recurrent_params(dtype_code, params)
+        g, p = implicit_gemm_row(family, dtype_code, d, params)
         t = _isolated_row_us(L.MATMUL, dtype_code, g, gpu, p, mlp)
         if cudnn_searches_ffma(dtype_code, p):
             t = min(t, _isolated_row_us(L.MATMUL, dtype_code, g, gpu, precision.without_tf32(p),

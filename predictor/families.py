@@ -279,10 +279,10 @@ def _conv_dims(x: TensorMeta, w: TensorMeta, y: TensorMeta, groups: int,
     return (n, c, h, wd, k, r, s, p, q, groups, int(st), dil if dil > 1 else 0)
 
 
-def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta,
-                       dims: tuple[int, ...] | None = None) -> list[Row]:
-    """The layout transposes of one cuDNN convolution call that reads or writes
-    the tensors `moved` (input, filter and output of a forward conv, a dgrad or
+def _layout_transposes(dims: tuple[int, ...], x: TensorMeta, w: TensorMeta,
+                       *moved: TensorMeta) -> list[Row]:
+    """The layout transposes of one cuDNN convolution call (of `dims`) that
+    reads or writes the tensors `moved` (input, filter and output of a forward conv, a dgrad or
     a wgrad), when the convolution runs in NCHW: cuDNN's tensor-core
     convolution kernels are NHWC, and on NCHW tensors cuDNN converts the
     inputs (nchwToNhwc) and the output back (nhwcToNchw) around the kernel,
@@ -315,8 +315,7 @@ def _layout_transposes(x: TensorMeta, w: TensorMeta, *moved: TensorMeta,
     if x.channels_last or w.channels_last:
         return []
     flag = 1
-    if x.dtype == torch.float32 and dims is not None \
-            and as_implicit_gemm(L.CONV, np.asarray(dims, dtype=np.int64)):
+    if x.dtype == torch.float32 and as_implicit_gemm(L.CONV, np.asarray(dims, dtype=np.int64)):
         flag = L.LAYOUT_IMPLICIT_GEMM
     elif x.dtype not in (torch.float16, torch.bfloat16):
         return []
@@ -363,11 +362,11 @@ def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, 
         # Its weight is [C_in, C_out/g, ...]; the equivalent conv's is [C_in, ...] too.
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
         dims = _conv_dims(y, w_eq, x, groups, stride, dilation)
-        return [(L.CONV_DGRAD, dims, 1)] + _layout_transposes(x, w, x, w, y, dims=dims)
+        return [(L.CONV_DGRAD, dims, 1)] + _layout_transposes(dims, x, w, x, w, y)
     dims = _conv_dims(x, w, y, groups, stride, dilation)
     rows = [(L.CONV, dims, 1)]
     if not _gemm_on_nchw(w, stride, padding, groups):
-        rows += _layout_transposes(x, w, x, w, y, dims=dims)
+        rows += _layout_transposes(dims, x, w, x, w, y)
     return rows
 
 
@@ -382,16 +381,16 @@ def _convolution_backward(grad_out: TensorMeta, x: TensorMeta, w: TensorMeta, bi
         dims = _conv_dims(grad_out, w_eq, x, groups, stride, dilation)
         if output_mask[0]:  # grad of a dgrad is a forward conv
             rows.append((L.CONV, dims, 1))
-            rows += _layout_transposes(x, w, grad_out, w, x, dims=dims)
+            rows += _layout_transposes(dims, x, w, grad_out, w, x)
     else:
         dims = _conv_dims(x, w, grad_out, groups, stride, dilation)
         if output_mask[0]:
             rows.append((L.CONV_DGRAD, dims, 1))
             if not _gemm_on_nchw(w, stride, padding, groups):
-                rows += _layout_transposes(x, w, grad_out, w, x, dims=dims)
+                rows += _layout_transposes(dims, x, w, grad_out, w, x)
     if output_mask[1]:
         rows.append((L.CONV_WGRAD, dims, 1))
-        rows += _layout_transposes(x, w, grad_out, x, w, dims=dims)
+        rows += _layout_transposes(dims, x, w, grad_out, x, w)
     if len(output_mask) > 2 and output_mask[2]:
         cout = grad_out.shape[1]
         rows.append(memory_row(L.REDUCTION, grad_out.numel, cout, grad_out.numel,

@@ -80,13 +80,13 @@ def as_implicit_gemm(family: int, d: Sequence[int]) -> bool:
 
 
 def implicit_gemm_dims(family: int, d: Sequence[int]) -> list[int]:
-    """The pixel dim rounded up to 8 (work.PIXEL_ALIGN)."""
+    """The pixel dim rounded up to work.PIXEL_ALIGN."""
     out = [0] * len(d)
     bt, m, n, k = gemm_shape(family, d)
     if family == L.CONV_WGRAD:
-        k = _cdiv(k, 8) * 8
+        k = _cdiv(k, W.PIXEL_ALIGN) * W.PIXEL_ALIGN
     else:
-        m = _cdiv(m, 8) * 8
+        m = _cdiv(m, W.PIXEL_ALIGN) * W.PIXEL_ALIGN
     out[0], out[1], out[2], out[3] = bt, m, n, k
     out[L.GEMM_LAYOUT] = {L.CONV: L.GEMM_B_T, L.CONV_WGRAD: L.GEMM_A_T}.get(family, 0)
     return out
@@ -595,6 +595,12 @@ _MEMORY_LEARNED = (L.ELEMENTWISE, L.DROPOUT, L.COPY, L.FILL, L.LOSS, L.OPTIMIZER
                    L.SOFTMAX, L.SOFTMAX_BWD, L.LAYER_NORM, L.LAYER_NORM_BWD)
 
 
+def _has_tf32(gpu) -> bool:
+    """precision.has_tf32: NVIDIA compute capability 8.0 on."""
+    p = gpu[L.G_TF32_TFLOPS]
+    return gpu[L.G_CC_MAJOR] >= 8.0 and p > 0.0 and p >= 0.95 * gpu[L.G_FP32_TFLOPS]
+
+
 def tensor_core_peak(family: int, dtype_code: int, gpu, params) -> float:
     """precision.tensor_core_peak: tensor-core FLOP/s of a row (0: none)."""
     if not _is_gemm(family):
@@ -608,8 +614,7 @@ def tensor_core_peak(family: int, dtype_code: int, gpu, params) -> float:
         ok = p >= 1.9 * fp32
     elif dtype_code == L.F32 and family == L.MATMUL and params[R.P_TF32_MATMUL] > 0.5:
         p = gpu[L.G_TF32_TFLOPS]
-        # precision.has_tf32: NVIDIA compute capability 8.0 on.
-        ok = p >= 1.9 * fp32 or (gpu[L.G_CC_MAJOR] >= 8.0 and p > 0.0 and p >= 0.95 * fp32)
+        ok = p >= 1.9 * fp32 or _has_tf32(gpu)
     elif dtype_code == L.F8:
         p = gpu[L.G_FP8_TFLOPS]
         ok = p >= 1.9 * fp32
@@ -816,9 +821,7 @@ def _row_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
             gpu: Sequence[float], params, mlp) -> float:
     if family == L.COPY and len(d) > L.MEM_LAYOUT and d[L.MEM_LAYOUT] > 0:
         if d[L.MEM_LAYOUT] == L.LAYOUT_IMPLICIT_GEMM and dtype_code == L.F32:
-            tf32 = gpu[L.G_TF32_TFLOPS]  # precision.has_tf32
-            runs = params[R.P_TF32_CONV] > 0.5 and gpu[L.G_CC_MAJOR] >= 8.0 \
-                and tf32 > 0.0 and tf32 >= 0.95 * gpu[L.G_FP32_TFLOPS]
+            runs = params[R.P_TF32_CONV] > 0.5 and _has_tf32(gpu)
         else:
             runs = tensor_core_peak(L.CONV, dtype_code, gpu, params) > 0.0
         if not runs:  # precision.layout_transpose_runs
