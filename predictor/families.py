@@ -508,6 +508,61 @@ def _cudnn_rnn_backward(x, weights, stride0, weight_buf, hx, cx, output, grad_ou
                        mode)
 
 
+# An LSTM or GRU cell stepped from Python (nn.LSTMCell, nn.GRUCell) runs on a
+# GPU as its two gate GEMMs and one fused pointwise kernel
+# (predictor.frontend.cuda_paths): ATen's fused cell kernels read the gates,
+# the biases and the cell state and write the new state and the workspace
+# the backward reads, each element's gates once. Their backward kernel writes
+# the gates' gradient, and the biases' gradient is that gradient summed over
+# the batch, one column reduction per bias (an LSTM's two biases share one).
+# Memory-bound like every pointwise kernel: their arithmetic is counted as a
+# transcendental op's (`elementwise`), not the five sigmoids and tanhs of an
+# LSTM element, which would describe them as more compute-bound than any
+# kernel the elementwise network was trained on.
+_CELL_FLOPS = 8
+
+
+def _cell_rows(args: tuple, out: list[TensorMeta]) -> list[Row]:
+    """One fused cell kernel as an elementwise row over everything it writes
+    (the state, and the workspace or the gradients), `inner` x `outer` that
+    many elements, as every elementwise row of the training data is
+    described: counted over the state alone, the row wrote 5-6 times its
+    `inner` x `outer`, a kind of row the network never saw, and was priced
+    at 4x a plain add's time on a V100."""
+    (family, (read, written, _, _, _), kernels), = generic_memory(L.ELEMENTWISE, args, {}, out)
+    # the state's width: every output is a whole number of [batch, hidden] slices
+    inner = max(min((t.shape[-1] for t in out if t.shape), default=1), 1)
+    outer = max(written // inner, 1)
+    return [memory_row(family, read, written, _CELL_FLOPS * inner * outer, inner, outer,
+                       kernels)]
+
+
+@register(aten._thnn_fused_lstm_cell, aten._thnn_fused_gru_cell)
+def _fused_cell(*args, out=None, **kwargs) -> list[Row]:
+    return _cell_rows(args + tuple(kwargs.values()), tensors(out))
+
+
+def _bias_sums(gates: list[TensorMeta]) -> list[Row]:
+    return [memory_row(L.REDUCTION, g.numel, g.shape[-1], g.numel, g.numel // g.shape[-1],
+                       g.shape[-1]) for g in gates if len(g.shape) == 2 and g.shape[-1] > 0]
+
+
+@register(aten._thnn_fused_lstm_cell_backward_impl)
+def _fused_lstm_cell_backward(grad_hy, grad_cy, cx: TensorMeta, cy: TensorMeta,
+                              workspace: TensorMeta, has_bias, *_, out=None, **__) -> list[Row]:
+    outs = tensors(out)
+    return _cell_rows((grad_hy, grad_cy, cx, cy, workspace), outs[:2]) \
+        + (_bias_sums(outs[:1]) if has_bias else [])
+
+
+@register(aten._thnn_fused_gru_cell_backward)
+def _fused_gru_cell_backward(grad_hy: TensorMeta, workspace: TensorMeta, has_bias, *_,
+                             out=None, **__) -> list[Row]:
+    outs = tensors(out)
+    return _cell_rows((grad_hy, workspace), outs[:3]) \
+        + (_bias_sums(outs[:2]) if has_bias else [])
+
+
 # ------------------------------------------------------ normalisation, softmax --
 
 def _widths(ins: list[TensorMeta], outs: list[TensorMeta]) -> tuple[int, int]:

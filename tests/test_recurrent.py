@@ -148,27 +148,94 @@ def test_gate_count_sets_the_work():
     assert flops[1] == pytest.approx(0.25 * flops[4])
 
 
+class _CellLoop(torch.nn.Module):
+    """A cell stepped from Python over the sequence dim of [batch, steps, 16]."""
+
+    def __init__(self, cell, bias=True):
+        super().__init__()
+        self.cell = cell(16, 24, bias=bias)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], 24)
+        state = (h, torch.zeros_like(h)) if isinstance(self.cell, torch.nn.LSTMCell) else h
+        for t in range(x.shape[1]):
+            state = self.cell(x[:, t], state)
+        return state[0] if isinstance(state, tuple) else state
+
+
 @pytest.mark.parametrize("cell", [torch.nn.GRUCell, torch.nn.LSTMCell, torch.nn.RNNCell])
 def test_a_cell_loop_has_nothing_unmodelled(cell):
-    """A cell stepped from Python runs as its GEMMs and pointwise ops on a GPU
-    as on a CPU; the CPU chunks the gates with unsafe_split, a view that costs
-    nothing (it was priced from its bytes, and listed as unmodelled)."""
-    class Loop(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.cell = cell(16, 24)
-
-        def forward(self, x):
-            h = torch.zeros(x.shape[0], 24)
-            state = (h, torch.zeros_like(h)) if cell is torch.nn.LSTMCell else h
-            for t in range(x.shape[1]):
-                state = self.cell(x[:, t], state)
-            return state[0] if isinstance(state, tuple) else state
-
-    g = predictor.trace(Loop(), (torch.randn(4, 6, 16),), loss_fn="mean")
+    """A cell stepped from Python traces to nothing the predictor does not
+    price; the CPU chunks an RNN cell's gates with unsafe_split, a view that
+    costs nothing (it was priced from its bytes, and listed as unmodelled)."""
+    g = predictor.trace(_CellLoop(cell), (torch.randn(4, 6, 16),), loss_fn="mean")
     assert g.unsupported == {}
     p = predictor.predict(g, "T4")
     assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
+
+
+@pytest.mark.parametrize("amp", [None, "fp16"])
+@pytest.mark.parametrize("cell,fused,gates,bias", [
+    (torch.nn.LSTMCell, "_thnn_fused_lstm_cell", 4, True),
+    (torch.nn.GRUCell, "_thnn_fused_gru_cell", 3, True),
+    (torch.nn.GRUCell, "_thnn_fused_gru_cell", 3, False),
+])
+def test_lstm_and_gru_cells_run_cudas_fused_kernel(cell, fused, gates, bias, amp):
+    """On a GPU an LSTM or GRU cell is its two gate GEMMs (no bias) and one
+    fused pointwise kernel forward, one backward plus the biases' column
+    sums; a CPU runs each gate's sigmoid, tanh, product and sum as a kernel
+    of its own. Six steps: six fused kernels each way, 12 gate GEMMs
+    forward, and no other pointwise kernel in the forward but the loss's;
+    the fused kernels in the autocast dtype under amp."""
+    steps = 6
+    g = predictor.trace(_CellLoop(cell, bias), (torch.randn(4, steps, 16),), loss_fn="mean",
+                        amp=amp)
+    assert g.unsupported == {}
+    p = predictor.predict(g, "A100-SXM4-80GB")
+    assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
+    df = p.ops
+    fwd = df[df.phase == "forward"]
+    assert int(fwd[fwd.op == fused]["count"].sum()) == steps
+    assert int(fwd[fwd.family == "matmul"]["count"].sum()) == 2 * steps
+    assert set(fwd[fwd.family == "matmul"]["op"]) == {"mm"}
+    assert set(fwd[fwd.family == "elementwise"]["op"]) <= {fused, "mul"}  # "mean"'s scale
+    bwd = df[(df.phase == "backward") & (df.op == fused + ("_backward_impl" if gates == 4
+                                                            else "_backward"))]
+    assert int(bwd[bwd.family == "elementwise"]["count"].sum()) == steps
+    sums = int(bwd[bwd.family == "reduction"]["count"].sum())
+    assert sums == (0 if not bias else steps * (1 if gates == 4 else 2))
+    want = {None: "float32", "fp16": "float16"}[amp]
+    assert set(df[df.op.str.startswith("_thnn_fused")]["dtype"]) == {want}
+    # every fused row describes the elements it writes, a whole number of
+    # [batch, hidden] slices, as the elementwise training rows do
+    dims = g.ops.dims(4)
+    rows = np.array([g.ops.op_names[i].startswith("_thnn_fused") for i in g.ops.op])
+    rows &= g.ops.family == L.ELEMENTWISE
+    assert rows.any()
+    assert (dims[rows, 3] == 24).all()
+    assert (dims[rows, 1] == dims[rows, 3] * dims[rows, 4]).all()
+
+
+def test_a_fused_cell_step_costs_less_than_its_pointwise_ops():
+    """The fused LSTM cell replaces about ten forward and twenty backward
+    pointwise kernels a step: a cell loop at a small batch, where those
+    kernels' launches and ramps dominate, is predicted faster than the same
+    loop's CPU decomposition (the `lstm_cell` call left to the CPU path)."""
+    from predictor.frontend import cuda_paths
+
+    x = (torch.randn(8, 20, 16),)
+    fused = predictor.predict(predictor.trace(_CellLoop(torch.nn.LSTMCell), x,
+                                              loss_fn="mean"), "V100-SXM2-16GB")
+    cells = cuda_paths._CELLS
+    try:
+        cuda_paths._CELLS = ()
+        plain = predictor.predict(predictor.trace(_CellLoop(torch.nn.LSTMCell), x,
+                                                  loss_fn="mean"), "V100-SXM2-16GB")
+    finally:
+        cuda_paths._CELLS = cells
+    k = lambda p: int(p.ops.kernels.sum())
+    assert k(fused) < 0.5 * k(plain)
+    assert fused.iteration_ms < 0.8 * plain.iteration_ms
 
 
 @pytest.mark.parametrize("kind", [torch.nn.LSTM, torch.nn.GRU])

@@ -27,6 +27,20 @@ those calls to the aten op the CUDA build dispatches to:
   Meta kernel (its gradients have the shapes of what they differentiate).
   LSTMs already trace as oneDNN's layer kernel (``mkldnn_rnn_layer``) on a
   CPU, and packed sequences take the CPU path, both left alone.
+- ``lstm_cell``, ``gru_cell`` (``nn.LSTMCell``, ``nn.GRUCell``, stepped from
+  Python): on a GPU ATen's cell computes the two gate GEMMs
+  (``x @ W_ih^T``, ``h @ W_hh^T``, no bias) and hands them to one fused
+  pointwise kernel, ``_thnn_fused_lstm_cell`` / ``_thnn_fused_gru_cell``
+  (biases, gates and state in one pass), whose backward is one kernel too
+  plus the biases' column sums. A CPU adds the biases in the GEMMs and runs
+  every gate's sigmoid, tanh, product and sum as a kernel of its own, about
+  ten forward and twenty backward a step (a Tacotron 2 decoder step has two
+  cells). ``rnn_tanh_cell`` and ``rnn_relu_cell`` run decomposed on both,
+  and so does an LSTM cell without biases here (torch's shape function for
+  the fused LSTM cell reads them).
+  The GRU cell's fused kernels have no shape function in torch:
+  `_fused_gru_cell_meta` and `_fused_gru_cell_backward_meta` are
+  registered as their Meta kernels.
 """
 
 from __future__ import annotations
@@ -58,17 +72,35 @@ def _cudnn_rnn_backward_meta(input, weight, weight_stride0, weight_buf, hx, cx, 
     return dx, dhx, dcx, dw
 
 
-def _register_backward_meta() -> None:
-    op = "aten::_cudnn_rnn_backward"
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op, "Meta"):
+def _fused_gru_cell_meta(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    """Shapes of ``_thnn_fused_gru_cell``'s outputs: the new state, and the
+    workspace its backward reads (five [batch, hidden] slices: the reset,
+    update and new gates, the hidden gates' new-gate part and the state)."""
+    return hx.new_empty(hx.shape), hx.new_empty((hx.shape[0], 5 * hx.shape[1]))
+
+
+def _fused_gru_cell_backward_meta(grad_hy, workspace, has_bias):
+    """Shapes of ``_thnn_fused_gru_cell_backward``'s outputs: both gates'
+    gradients, the state's, and (with biases) the biases' sums of them."""
+    batch, hidden = grad_hy.shape
+    gates = grad_hy.new_empty((batch, 3 * hidden))
+    bias = grad_hy.new_empty((3 * hidden,)) if has_bias else None
+    return gates, grad_hy.new_empty((batch, 3 * hidden)), grad_hy.new_empty(grad_hy.shape), \
+        bias, None if bias is None else grad_hy.new_empty((3 * hidden,))
+
+
+def _register_meta(name: str, fn) -> None:
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "Meta"):
         return
     lib = torch.library.Library("aten", "IMPL")
-    lib.impl("_cudnn_rnn_backward", _cudnn_rnn_backward_meta, "Meta")
+    lib.impl(name, fn, "Meta")
     _LIBS.append(lib)  # a Library unregisters its kernels when collected
 
 
 _LIBS: list = []
-_register_backward_meta()
+_register_meta("_cudnn_rnn_backward", _cudnn_rnn_backward_meta)
+_register_meta("_thnn_fused_gru_cell", _fused_gru_cell_meta)
+_register_meta("_thnn_fused_gru_cell_backward", _fused_gru_cell_backward_meta)
 
 
 def _cudnn_rnn(mode: int, args: tuple, kwargs: dict, amp_dtype):
@@ -97,6 +129,33 @@ def _cudnn_rnn(mode: int, args: tuple, kwargs: dict, amp_dtype):
     return out[0], out[1]
 
 
+# torch.lstm_cell / gru_cell (nn.LSTMCell, nn.GRUCell call them as torch._VF.*)
+# and the arguments of their schema, in order.
+_CELLS = (torch.lstm_cell, torch.gru_cell)
+CELL_ARGS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
+
+
+def _fused_cell(func, args: tuple, kwargs: dict):
+    """``torch.lstm_cell`` / ``gru_cell`` as ATen's CUDA cell runs it (two gate
+    GEMMs, one fused pointwise kernel), or None where that does not apply
+    (real tensors)."""
+    v = {**dict(zip(CELL_ARGS, args)), **kwargs}
+    x, hx = v.get("input"), v.get("hx")
+    state = list(hx) if func is torch.lstm_cell and isinstance(hx, (list, tuple)) else [hx]
+    if not all(isinstance(t, FakeTensor) for t in (x, v.get("w_ih"), v.get("w_hh"), *state)):
+        return None
+    if func is torch.lstm_cell and v.get("b_ih") is None:
+        return None  # torch's shape function for the fused LSTM cell needs its biases
+    igates = torch.matmul(x, v["w_ih"].t())
+    hgates = torch.matmul(state[0], v["w_hh"].t())
+    if func is torch.lstm_cell:
+        hy, cy, _ = torch.ops.aten._thnn_fused_lstm_cell(igates, hgates, state[1],
+                                                         v.get("b_ih"), v.get("b_hh"))
+        return hy, cy
+    return torch.ops.aten._thnn_fused_gru_cell(igates, hgates, state[0], v.get("b_ih"),
+                                               v.get("b_hh"))[0]
+
+
 def _dropout_args(func, args: tuple, kwargs: dict) -> tuple:
     """(input, p, training, inplace) of an F.dropout / torch.dropout call."""
     names = ("input", "p", "training", "inplace") if func is F.dropout else ("input", "p", "train")
@@ -117,6 +176,10 @@ class CudaPaths(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _RNNS:
             out = _cudnn_rnn(_RNNS[func], args, kwargs, self.amp_dtype)
+            if out is not None:
+                return out
+        if func in _CELLS:
+            out = _fused_cell(func, args, kwargs)
             if out is not None:
                 return out
         if func in _DROPOUTS:
