@@ -15,16 +15,17 @@ out of it.
   price on a board outside the op models' data (the V100 SXM2s, the Quadro
   RTX 8000, and Lambda's 2020-2022 runs on a GTX 1080 Ti and four TU102
   boards: ResNet-50, BERT, GNMT, NCF, Transformer-big, Transformer-XL,
-  WaveGlow);
+  WaveGlow, Tacotron 2);
 - ``tensor cores``: the AMP and TF32 rows of ``benchmarks.amp_published``
   (published ResNet-50 and BERT training throughput), of
   ``benchmarks.timm_published`` (timm's AMP training and inference of
   ResNets and Inception v3, NCHW and channels-last), and of
   ``benchmarks.gnmt_published``, ``benchmarks.ncf_published`` (NVIDIA's and
   Lambda's tables), ``benchmarks.transformer_published``,
-  ``benchmarks.transformerxl_published`` and
-  ``benchmarks.waveglow_published``: every published figure the
-  predictor prices on tensor cores, computed here.
+  ``benchmarks.transformerxl_published``,
+  ``benchmarks.waveglow_published`` and ``benchmarks.tacotron2_published``:
+  every published figure the predictor prices on tensor cores, computed
+  here.
 
 The held-out check: for each GPU, the band from every *other* GPU's labels,
 and the share of its own labels inside it. A band that holds about 90 % of
@@ -82,8 +83,9 @@ def from_e2e(path: Path) -> tuple[list[str], np.ndarray]:
 
 def _published_candidates() -> list[dict]:
     """Every published row the harnesses price, each with its "precision"."""
-    from benchmarks import (amp_published, gnmt_published, ncf_published, timm_published,
-                            transformer_published, transformerxl_published, waveglow_published)
+    from benchmarks import (amp_published, gnmt_published, ncf_published, tacotron2_published,
+                            timm_published, transformer_published, transformerxl_published,
+                            waveglow_published)
 
     return (amp_published.run()
             + [dict(r, precision="amp") for r in timm_published.run()]
@@ -91,7 +93,7 @@ def _published_candidates() -> list[dict]:
             + gnmt_published.predict_rows(table=gnmt_published.LAMBDA)
             + ncf_published.predict_rows() + ncf_published.predict_rows(ncf_published.lambda_table())
             + transformer_published.predict_rows() + transformerxl_published.predict_rows()
-            + waveglow_published.predict_rows())
+            + waveglow_published.predict_rows() + tacotron2_published.predict_rows())
 
 
 def _early_candidates() -> list[dict]:
@@ -178,7 +180,8 @@ def main(argv=None) -> int:
                                        "data that the harnesses price (the V100 SXM2s, Quadro "
                                        "RTX 8000 and Lambda's 2020-2022 runs on Pascal and "
                                        "Turing boards: ResNet-50, BERT, GNMT, NCF, "
-                                       "Transformer-big, Transformer-XL, WaveGlow)"),
+                                       "Transformer-big, Transformer-XL, WaveGlow, "
+                                       "Tacotron 2)"),
         }
     standings["tensor cores"] = standing_figures(*from_published(candidates),
                                                  "published AMP and TF32 throughput: "
@@ -186,10 +189,12 @@ def main(argv=None) -> int:
                                                  "(benchmarks.amp_published), ResNets and "
                                                  "Inception v3 training and inference "
                                                  "(benchmarks.timm_published), GNMT, NCF, "
-                                                 "Transformer-big, Transformer-XL and WaveGlow "
-                                                 "training (benchmarks.gnmt_published, "
-                                                 "ncf_published, transformer_published, "
-                                                 "transformerxl_published, waveglow_published)")
+                                                 "Transformer-big, Transformer-XL, WaveGlow "
+                                                 "and Tacotron 2 training "
+                                                 "(benchmarks.gnmt_published, ncf_published, "
+                                                 "transformer_published, "
+                                                 "transformerxl_published, waveglow_published, "
+                                                 "tacotron2_published)")
     print("| standing | labels | GPUs | mean abs error | 90th percentile | held-out GPU's "
           "labels within the others' band |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

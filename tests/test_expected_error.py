@@ -152,8 +152,9 @@ def test_the_published_standing_reads_every_harness_table(monkeypatch):
     harness, each table as that harness now names it: a renamed table is an
     error here, not at the next `--write`. The harnesses' pricing is stubbed
     (each prices its rows in its own test); the tables are the real ones."""
-    from benchmarks import (amp_published, gnmt_published, ncf_published, timm_published,
-                            transformer_published, transformerxl_published, waveglow_published)
+    from benchmarks import (amp_published, gnmt_published, ncf_published, tacotron2_published,
+                            timm_published, transformer_published, transformerxl_published,
+                            waveglow_published)
 
     seen = []
 
@@ -172,13 +173,14 @@ def test_the_published_standing_reads_every_harness_table(monkeypatch):
     monkeypatch.setattr(transformer_published, "predict_rows", rows("transformer"))
     monkeypatch.setattr(transformerxl_published, "predict_rows", rows("transformer-xl"))
     monkeypatch.setattr(waveglow_published, "predict_rows", rows("waveglow"))
+    monkeypatch.setattr(tacotron2_published, "predict_rows", rows("tacotron2"))
     gpus, err = bench.from_published()
     assert ("gnmt", len(gnmt_published.LAMBDA)) in seen
     assert ("ncf", len(ncf_published.LAMBDA_COLUMNS)) in seen
     # each table's AMP row on an A100 is a tensor-core one; an fp32 row is not
     # (timm's rows are all taken as AMP: its V100 row counts too)
-    assert len(seen) == 9 and gpus.count("A100-SXM4-80GB") == 9
-    assert sorted(err) == [10.0] * 9 + [50.0]
+    assert len(seen) == 10 and gpus.count("A100-SXM4-80GB") == 10
+    assert sorted(err) == [10.0] * 10 + [50.0]
 
 
 def test_the_unseen_standing_takes_fp32_rows_on_boards_outside_the_data():
