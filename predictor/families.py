@@ -626,6 +626,37 @@ def _layer_norm_bwd(grad: TensorMeta, x: TensorMeta, normalized_shape, mean, rst
                        12 * x.numel, inner, outer, kernels)]
 
 
+def _fused_rms_norm_op():
+    from predictor.frontend.cuda_paths import fused_rms_norm
+
+    return fused_rms_norm._opoverload
+
+
+@register(_fused_rms_norm_op())
+def _rms_norm(x: TensorMeta, normalized_shape, w, eps=None, *_, out=None, **__) -> list[Row]:
+    """RMSNorm as CUDA's fused kernel runs it (predictor.frontend.cuda_paths):
+    layer norm's row reduction without the mean, one kernel; read the rows
+    (and the weight), write them and each row's reciprocal RMS."""
+    inner = math.prod(normalized_shape)
+    outer = x.numel // max(inner, 1)
+    params = inner if w is not None else 0
+    return [memory_row(L.LAYER_NORM, x.numel + params, x.numel + outer, 6 * x.numel, inner, outer)]
+
+
+@register(aten._fused_rms_norm_backward)
+def _rms_norm_bwd(grad: TensorMeta, x: TensorMeta, normalized_shape, rstd, w, mask, *_, out=None,
+                  **__) -> list[Row]:
+    """Its gradient: one kernel for the input's (reading the gradient, the
+    input and the rows' RMS), one column reduction for the weight's, as
+    layer norm's backward."""
+    inner = math.prod(normalized_shape)
+    outer = x.numel // max(inner, 1)
+    weight = len(mask) > 1 and bool(mask[1])
+    kernels = (1 if mask[0] else 0) + (1 if weight else 0)
+    return [memory_row(L.LAYER_NORM_BWD, 2 * x.numel + outer, x.numel + (inner if weight else 0),
+                       10 * x.numel, inner, outer, max(kernels, 1))]
+
+
 def _weight_norm_rows(v: TensorMeta, dim) -> tuple[int, int]:
     """(inner, outer) of weight normalisation's rows: one norm for each slice
     along `dim` (ATen's first- and last-dim kernels: a block a slice)."""

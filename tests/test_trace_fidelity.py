@@ -252,3 +252,67 @@ def test_a_scatter_into_a_tensor_in_use_keeps_its_copy():
                             loss_fn=lambda out: out, batch_size=8, optimizer=None, mode="inference")
         (row,) = _memory_row(g, name)
         assert row[L.MEM_WRITTEN] == written, name
+
+
+class RMSNormed(nn.Module):
+    def __init__(self, d=64, weight_dtype=None):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.norm = nn.RMSNorm(d, dtype=weight_dtype)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.inp(x)).float())
+
+
+def _names_by_phase(graph):
+    t = graph.ops
+    names = np.asarray(t.op_names, dtype=object)[t.op]
+    return {(str(n), int(p)): int(c) for n, p, c in zip(names, t.phase, t.count)}
+
+
+@pytest.mark.parametrize("amp", [None, "bf16"])
+def test_rms_norm_is_the_fused_cuda_kernel(amp):
+    """nn.RMSNorm / F.rms_norm: ATen runs CUDA's fused kernel, one forward and
+    its backward (the input's gradient and the weight's column sum), where
+    the CPU's composite is a power, a mean, an add, a rsqrt and two products
+    and their gradients; under autocast in fp32, as CUDA's autocast runs it."""
+    g = predictor.trace(RMSNormed(), (torch.randn(8, 16, 64),), loss_fn="mean", amp=amp)
+    assert g.unsupported == {}
+    seen = _names_by_phase(g)
+    assert seen[("_fused_rms_norm", L.FORWARD)] == 1
+    assert seen[("_fused_rms_norm_backward", L.BACKWARD)] == 1
+    assert not {n for n, _ in seen} & {"rsqrt", "pow", "pow_backward"}
+    t = g.ops
+    names = np.asarray(t.op_names, dtype=object)[t.op]
+    fwd = np.flatnonzero(names == "_fused_rms_norm")[0]
+    bwd = np.flatnonzero(names == "_fused_rms_norm_backward")[0]
+    assert t.family[fwd] == L.LAYER_NORM and t.family[bwd] == L.LAYER_NORM_BWD
+    assert t.kernels[fwd] == 1 and t.kernels[bwd] == 2
+    d = t.dims(8)
+    assert d[fwd, L.MEM_INNER] == 64 and d[fwd, L.MEM_OUTER] == 8 * 16
+    assert t.dtype[fwd] == L.F32  # autocast's fp32 list holds rms_norm
+    p = predictor.predict(g, "H100-SXM5-80GB")
+    assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
+
+
+def test_rms_norm_with_a_weight_of_another_dtype_stays_composite():
+    """A weight of another dtype than the input sends ATen to the composite
+    on a GPU too (rms_norm_symint's dtype check)."""
+    g = predictor.trace(RMSNormed(weight_dtype=torch.float64), (torch.randn(8, 16, 64),),
+                        loss_fn="mean")
+    seen = {n for n, _ in _names_by_phase(g)}
+    assert "_fused_rms_norm" not in seen and "rsqrt" in seen
+
+
+def test_the_fused_rms_norm_op_computes_rms_norm():
+    """On real tensors the trace's op is ATen's composite, forward and backward."""
+    from predictor.frontend.cuda_paths import fused_rms_norm
+
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    out, rstd = fused_rms_norm(x, [8], w, 1e-6)
+    want = F.rms_norm(x, [8], w, 1e-6)
+    assert torch.allclose(out, want)
+    assert torch.allclose(rstd, torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert torch.autograd.gradcheck(lambda a, b: fused_rms_norm(a, [8], b, 1e-6)[0], (x, w))

@@ -41,12 +41,25 @@ those calls to the aten op the CUDA build dispatches to:
   The GRU cell's fused kernels have no shape function in torch:
   `_fused_gru_cell_meta` and `_fused_gru_cell_backward_meta` are
   registered as their Meta kernels.
+- ``rms_norm`` (``nn.RMSNorm``, ``F.rms_norm``): ATen sends it to
+  ``_fused_rms_norm``, on a GPU one kernel (layer norm's, without the mean)
+  and ``_fused_rms_norm_backward`` (the input's gradient and the weight's
+  column sum), except for channels-last or complex input or a weight of
+  another dtype, which take the composite. A CPU build has no such kernel:
+  its ``_fused_rms_norm`` decomposes into a power, a mean, an add, a rsqrt
+  and two products, forward, and their gradients. The trace records the
+  GPU's op as `fused_rms_norm` (``predictor::_fused_rms_norm``, whose
+  gradient is ATen's ``_fused_rms_norm_backward``). CUDA's autocast runs
+  ``rms_norm`` in fp32; so does the trace under amp.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
@@ -156,6 +169,78 @@ def _fused_cell(func, args: tuple, kwargs: dict):
                                                v.get("b_hh"))[0]
 
 
+@torch.library.custom_op("predictor::_fused_rms_norm", mutates_args=())
+def fused_rms_norm(input: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
+                   eps: Optional[float]) -> tuple[Tensor, Tensor]:
+    """ATen's ``_fused_rms_norm`` as a GPU runs it: the normalised tensor and
+    the rows' reciprocal RMS. On real tensors, the composite."""
+    out, rstd = torch.ops.aten._fused_rms_norm(input, normalized_shape, weight, eps)
+    return out.clone(), rstd.clone()
+
+
+@fused_rms_norm.register_fake
+def _fused_rms_norm_fake(input, normalized_shape, weight, eps):
+    n = len(normalized_shape)
+    stat = tuple(input.shape[:input.dim() - n]) + (1,) * n
+    opmath = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    return torch.empty_like(input), input.new_empty(stat, dtype=opmath)
+
+
+def _fused_rms_norm_context(ctx, inputs, output):
+    input, normalized_shape, weight, _ = inputs
+    ctx.save_for_backward(input, weight, output[1])
+    ctx.normalized_shape = normalized_shape
+    ctx.set_materialize_grads(False)  # the rstd output has no gradient to make
+
+
+def _fused_rms_norm_backward(ctx, grad_out, _grad_rstd):
+    input, weight, rstd = ctx.saved_tensors
+    if grad_out is None:
+        return None, None, None, None
+    mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
+    if isinstance(input, FakeTensor):
+        grad_in, grad_w = torch.ops.aten._fused_rms_norm_backward(
+            grad_out, input, ctx.normalized_shape, rstd, weight, mask)
+        return (grad_in if mask[0] else None), None, (grad_w if mask[1] else None), None
+    # real tensors (a CPU build has no _fused_rms_norm_backward): the composite's
+    with torch.enable_grad():
+        x = input.detach().requires_grad_()
+        w = None if weight is None else weight.detach().requires_grad_()
+        out = F.rms_norm(x, ctx.normalized_shape, w, None)
+        grads = torch.autograd.grad(out, [x] + ([w] if w is not None else []), grad_out)
+    return grads[0], None, (grads[1] if w is not None else None), None
+
+
+fused_rms_norm.register_autograd(_fused_rms_norm_backward, setup_context=_fused_rms_norm_context)
+_RMS_NORMS = (F.rms_norm, torch.rms_norm)
+
+
+def _rms_norm(args: tuple, kwargs: dict, amp_dtype):
+    """``rms_norm`` as ATen's CUDA build runs it (`fused_rms_norm`), or None
+    where the composite runs there too (channels-last or complex input, a
+    weight of another dtype) or the tensors are real."""
+    names = ("input", "normalized_shape", "weight", "eps")
+    v = {**dict(zip(names, args)), **kwargs}
+    x, w = v.get("input"), v.get("weight")
+    if not isinstance(x, FakeTensor) or (w is not None and not isinstance(w, FakeTensor)):
+        return None
+    if x.is_complex() or not x.is_floating_point():
+        return None
+    if x.dim() in (4, 5) and not x.is_contiguous() and x.is_contiguous(
+            memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d):
+        return None
+    if amp_dtype is not None and torch.is_autocast_enabled("cpu"):
+        # CUDA's autocast runs rms_norm in fp32 (autocast_mode.cpp's fp32 list)
+        x = x.float()
+        w = None if w is None else w.float()
+    if w is not None and w.dtype != x.dtype:
+        return None
+    shape = v["normalized_shape"]
+    shape = [int(shape)] if isinstance(shape, int) else [int(d) for d in shape]
+    eps = v.get("eps")
+    return fused_rms_norm(x, shape, w, None if eps is None else float(eps))[0]
+
+
 def _dropout_args(func, args: tuple, kwargs: dict) -> tuple:
     """(input, p, training, inplace) of an F.dropout / torch.dropout call."""
     names = ("input", "p", "training", "inplace") if func is F.dropout else ("input", "p", "train")
@@ -176,6 +261,10 @@ class CudaPaths(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _RNNS:
             out = _cudnn_rnn(_RNNS[func], args, kwargs, self.amp_dtype)
+            if out is not None:
+                return out
+        if func in _RMS_NORMS:
+            out = _rms_norm(args, kwargs, self.amp_dtype)
             if out is not None:
                 return out
         if func in _CELLS:
