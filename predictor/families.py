@@ -643,7 +643,6 @@ def _rms_norm(x: TensorMeta, normalized_shape, w, eps=None, *_, out=None, **__) 
     return [memory_row(L.LAYER_NORM, x.numel + params, x.numel + outer, 6 * x.numel, inner, outer)]
 
 
-@register(aten._fused_rms_norm_backward)
 def _rms_norm_bwd(grad: TensorMeta, x: TensorMeta, normalized_shape, rstd, w, mask, *_, out=None,
                   **__) -> list[Row]:
     """Its gradient: one kernel for the input's (reading the gradient, the
@@ -655,6 +654,10 @@ def _rms_norm_bwd(grad: TensorMeta, x: TensorMeta, normalized_shape, rstd, w, ma
     kernels = (1 if mask[0] else 0) + (1 if weight else 0)
     return [memory_row(L.LAYER_NORM_BWD, 2 * x.numel + outer, x.numel + (inner if weight else 0),
                        10 * x.numel, inner, outer, max(kernels, 1))]
+
+
+if hasattr(aten, "_fused_rms_norm_backward"):  # torch 2.8 on; before, no fused RMSNorm
+    register(aten._fused_rms_norm_backward)(_rms_norm_bwd)
 
 
 def _weight_norm_rows(v: TensorMeta, dim) -> tuple[int, int]:

@@ -212,7 +212,9 @@ def _fused_rms_norm_backward(ctx, grad_out, _grad_rstd):
 
 
 fused_rms_norm.register_autograd(_fused_rms_norm_backward, setup_context=_fused_rms_norm_context)
-_RMS_NORMS = (F.rms_norm, torch.rms_norm)
+# ATen's CUDA build routes rms_norm to its fused kernel from torch 2.8 on (the
+# release that added _fused_rms_norm); before, the composite runs there too.
+_RMS_NORMS = (F.rms_norm, torch.rms_norm) if hasattr(torch.ops.aten, "_fused_rms_norm") else ()
 
 
 def _rms_norm(args: tuple, kwargs: dict, amp_dtype):
