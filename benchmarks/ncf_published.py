@@ -231,6 +231,57 @@ def breakdown_args(doc: str, argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def step_row(model: str, gpu: str, precision: str, batch: int, published: float, items: float,
+             p, source: str) -> dict:
+    """One published throughput figure against the predicted step `p`
+    (a `predictor.Prediction`): `items` (samples, frames, tokens) a step at
+    `published` a second, the shared row of the Transformer-XL, WaveGlow and
+    Tacotron 2 harnesses."""
+    predicted = items / p.iteration_ms * 1e3
+    return {"model": model, "gpu": gpu, "precision": precision, "batch": batch,
+            "published": float(published), "predicted": predicted, "step_ms": p.iteration_ms,
+            "overhead_ms": p.overhead_ms, "published_step_ms": items / published * 1e3,
+            "error_pct": 100.0 * (predicted / published - 1),
+            "unsupported": dict(p.unsupported), "by_family": p.by_family(), "source": source}
+
+
+def print_precision_means(rows: list[dict], groups: dict[str, tuple]) -> None:
+    """The mean |error| of each group of precisions (name -> precisions)."""
+    for name, precs in groups.items():
+        g = [r for r in rows if r["precision"] in precs]
+        if g:
+            print(f"{name}: mean |error| {np.mean([abs(r['error_pct']) for r in g]):.1f} % "
+                  f"over {len(g)}")
+
+
+def lambda_fp32_rows(graph, model: str, table, per_sample: float, source: str) -> list[dict]:
+    """A Lambda fp32-column table's figures, (GPU, batch, published) each,
+    priced on `graph`: TF32 where the GPU has it (the NGC containers switch
+    it on, `amp_published.lambda_precision`), `per_sample` items a sample."""
+    import predictor
+
+    out = []
+    for gpu, batch, published in table:
+        prec = lambda_precision(gpu, False)
+        p = predictor.predict(graph, gpu, batch_size=batch,
+                              tf32_matmul=True if prec == "tf32" else None)
+        out.append(step_row(model, gpu, prec, batch, published, batch * per_sample, p, source))
+    return out
+
+
+def print_fp32_check(rows: list[dict], unit: str) -> None:
+    """Such a table's step table, mean |error| by precision, rank correlation
+    and unpriced ops (the WaveGlow and Tacotron 2 harnesses' report)."""
+    from benchmarks.amp_published import spearman
+
+    print_step_table(rows, unit)
+    print_precision_means(rows, {"fp32": ("fp32",), "tf32": ("tf32",)})
+    rho = spearman([r["published"] for r in rows], [r["predicted"] for r in rows])
+    print(f"Spearman across GPUs {rho:.2f}")
+    if rows[0]["unsupported"]:
+        print(f"priced by the fallback estimate: {rows[0]['unsupported']}")
+
+
 def print_step_table(rows: list[dict], unit: str) -> None:
     """Each row's published and predicted throughput (`unit` a second), its
     error and both step times, with a model column where `rows` hold more

@@ -59,13 +59,12 @@ instead of 850 every board's step is 6-7 % shorter, at 870 2-3 % longer.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.amp_published import lambda_precision, spearman
-from benchmarks.ncf_published import breakdown_args, print_step_table, print_summary
+from benchmarks.ncf_published import (breakdown_args, lambda_fp32_rows, print_fp32_check,
+                                      print_summary)
 
 _LAMBDA = "https://github.com/lambdal/deeplearning-benchmark/blob/{}/pytorch/{}"
 SOURCE = ("Lambda, " + _LAMBDA.format("0551cb70ffdc155dc4cb2c10dddebb65651c3883",
@@ -220,41 +219,17 @@ def trace():
 
 def predict_rows(table=None, graph=None) -> list[dict]:
     """One dict per published figure: predicted mel frames/s and its error."""
-    import predictor
-
-    graph = trace() if graph is None else graph
-    out = []
-    for gpu, batch, published in (PUBLISHED if table is None else table):
-        prec = lambda_precision(gpu, False)
-        p = predictor.predict(graph, gpu, batch_size=batch,
-                              tf32_matmul=True if prec == "tf32" else None)
-        frames = batch * MEAN_FRAMES
-        predicted = frames / p.iteration_ms * 1e3
-        out.append({"model": "tacotron2", "gpu": gpu, "precision": prec, "batch": batch,
-                    "published": float(published), "predicted": predicted,
-                    "step_ms": p.iteration_ms, "overhead_ms": p.overhead_ms,
-                    "published_step_ms": frames / published * 1e3,
-                    "error_pct": 100.0 * (predicted / published - 1),
-                    "unsupported": dict(p.unsupported),
-                    "by_family": p.by_family(), "source": SOURCE})
-    return out
+    return lambda_fp32_rows(trace() if graph is None else graph, "tacotron2",
+                            PUBLISHED if table is None else table, MEAN_FRAMES, SOURCE)
 
 
 def main(argv=None) -> int:
     args = breakdown_args(__doc__, argv)
     rows = predict_rows()
     print(SOURCE)
-    print_step_table(rows, "frames")
-    for group in ("fp32", "tf32"):
-        g = [r for r in rows if r["precision"] == group]
-        print(f"{group}: mean |error| {np.mean([abs(r['error_pct']) for r in g]):.1f} % "
-              f"over {len(g)}")
-    rho = spearman([r["published"] for r in rows], [r["predicted"] for r in rows])
-    print(f"Spearman across GPUs {rho:.2f}")
+    print_fp32_check(rows, "frames")
     print("exposed host overhead, ms: " + ", ".join(
         f"{r['gpu']} {r['overhead_ms']:.0f}" for r in rows))
-    if rows[0]["unsupported"]:
-        print(f"priced by the fallback estimate: {rows[0]['unsupported']}")
     print_summary(rows, args.breakdown)
     return 0
 

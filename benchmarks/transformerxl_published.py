@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 from benchmarks.amp_published import lambda_precision, o2_graph, spearman
 from benchmarks.gnmt_published import speedups
-from benchmarks.ncf_published import breakdown_args, print_step_table, print_summary
+from benchmarks.ncf_published import breakdown_args, print_step_table, print_summary, step_row
 
 _LAMBDA = "https://github.com/lambdal/deeplearning-benchmark/blob/{}/pytorch/{}"
 SOURCE = ("Lambda, " + _LAMBDA.format("0551cb70ffdc155dc4cb2c10dddebb65651c3883",
@@ -242,13 +242,8 @@ def predict_rows(table=None) -> list[dict]:
             graph = o2_graph(graphs[size]) if prec == "amp" else graphs[size]
             p = predictor.predict(graph, gpu, batch_size=batches[j],
                                   tf32_matmul=True if prec == "tf32" else None)
-            predicted = batches[j] * length / p.iteration_ms * 1e3
-            out.append({"model": f"transformer-xl-{size}", "gpu": gpu, "precision": prec,
-                        "batch": batches[j], "published": float(published[j]),
-                        "predicted": predicted, "step_ms": p.iteration_ms,
-                        "published_step_ms": batches[j] * length / published[j] * 1e3,
-                        "error_pct": 100.0 * (predicted / published[j] - 1),
-                        "by_family": p.by_family(), "source": SOURCE})
+            out.append(step_row(f"transformer-xl-{size}", gpu, prec, batches[j], published[j],
+                                batches[j] * length, p, SOURCE))
     return out
 
 

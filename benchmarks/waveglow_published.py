@@ -51,13 +51,11 @@ LambdaCloud_A10_v1/` and `H100_80GB_SXM5_v1/PyTorch_waveglow_FP32/`).
 from __future__ import annotations
 
 
-import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from benchmarks.amp_published import lambda_precision, spearman
-from benchmarks.ncf_published import breakdown_args, print_step_table, print_summary
+from benchmarks.ncf_published import (breakdown_args, lambda_fp32_rows, print_fp32_check,
+                                      print_summary)
 
 _LAMBDA = "https://github.com/lambdal/deeplearning-benchmark/blob/{}/pytorch/{}"
 SOURCE = ("Lambda, " + _LAMBDA.format("0551cb70ffdc155dc4cb2c10dddebb65651c3883",
@@ -195,38 +193,15 @@ def trace():
 
 def predict_rows(table=None) -> list[dict]:
     """One dict per published figure: predicted samples/s and its error."""
-    import predictor
-
-    graph = trace()
-    out = []
-    for gpu, batch, published in (PUBLISHED if table is None else table):
-        prec = lambda_precision(gpu, False)
-        p = predictor.predict(graph, gpu, batch_size=batch,
-                              tf32_matmul=True if prec == "tf32" else None)
-        predicted = batch * SEGMENT / p.iteration_ms * 1e3
-        out.append({"model": "waveglow", "gpu": gpu, "precision": prec, "batch": batch,
-                    "published": float(published), "predicted": predicted,
-                    "step_ms": p.iteration_ms,
-                    "published_step_ms": batch * SEGMENT / published * 1e3,
-                    "error_pct": 100.0 * (predicted / published - 1),
-                    "unsupported": dict(p.unsupported),
-                    "by_family": p.by_family(), "source": SOURCE})
-    return out
+    return lambda_fp32_rows(trace(), "waveglow", PUBLISHED if table is None else table, SEGMENT,
+                            SOURCE)
 
 
 def main(argv=None) -> int:
     args = breakdown_args(__doc__, argv)
     rows = predict_rows()
     print(SOURCE)
-    print_step_table(rows, "samples")
-    for group, precs in (("fp32", ("fp32",)), ("tf32", ("tf32",))):
-        g = [r for r in rows if r["precision"] in precs]
-        print(f"{group}: mean |error| {np.mean([abs(r['error_pct']) for r in g]):.1f} % "
-              f"over {len(g)}")
-    rho = spearman([r["published"] for r in rows], [r["predicted"] for r in rows])
-    print(f"Spearman across GPUs {rho:.2f}")
-    if rows[0]["unsupported"]:
-        print(f"priced by the fallback estimate: {rows[0]['unsupported']}")
+    print_fp32_check(rows, "samples")
     print_summary(rows, args.breakdown)
     return 0
 
