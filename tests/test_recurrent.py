@@ -279,3 +279,25 @@ def test_the_backward_steps_read_a_transposed_copy_of_the_weights():
         assert [(f, c) for f, _, c in ref] == list(zip(fam.tolist(), counts.tolist()))
         assert all(list(x[:L.GEMM_LAYOUT + 1]) == list(r[:L.GEMM_LAYOUT + 1])
                    for (_, r, _), x in zip(ref, dims))
+
+
+def test_a_packed_sequence_is_refused_with_what_to_trace_instead():
+    """pack_padded_sequence's output shape is the sum of the lengths' values,
+    which a trace does not know: one line that says to trace the padded
+    batch."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    class Packed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(16, 24, batch_first=True)
+
+        def forward(self, x):
+            lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)
+            out, _ = self.lstm(pack_padded_sequence(x, lengths, batch_first=True))
+            return pad_packed_sequence(out, batch_first=True)[0]
+
+    with pytest.raises(predictor.TraceError) as err:
+        predictor.trace(Packed(), (torch.randn(4, 6, 16),), loss_fn="mean")
+    msg = str(err.value)
+    assert "\n" not in msg and "trace the padded batch" in msg

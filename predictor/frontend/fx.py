@@ -612,6 +612,14 @@ def _hint(exc: BaseException) -> str:
     if "overflow" in msg.lower():
         return ("a tensor's size overflows torch's int64 sizes; use a smaller batch size or "
                 "sequence length")
+    if "DynamicOutputShape" in name:
+        # torch.nonzero, masked_select, unique, pack_padded_sequence: no shape to price
+        packed = "pack_padded_sequence" in msg
+        return ("an op's output shape depends on the tensors' values, which a trace does not "
+                "know; " + ("trace the padded batch instead of a packed sequence: cuDNN's RNN "
+                            "over it costs what the packed one does when every sequence is full "
+                            "length, and no less" if packed else
+                            "give that op's result a fixed shape in the model"))
     if "DataDependent" in name or "data-dependent" in msg.lower() or "data dependent" in msg.lower():
         return "data-dependent control flow cannot be traced"
     if any(k in msg for k in ("BFloat16", "Half", "bfloat16", "float16")):
