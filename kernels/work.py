@@ -86,10 +86,10 @@ def as_implicit_gemm(family, d):
     never varied), so it gives such a row a 3x3 convolution's price, reduced
     arithmetic included, where only the implicit GEMM can run. Square
     filters of other sizes and strides stay with the network, capped at the
-    direct rate (`fewer_multiplies_possible`): priced as GEMMs, ResNet-50's 1x1 ones
-    moved its published fp32 figures 6-13 points slower (V100 SXM2 16GB
-    -5.7 -> -14.0 %, Quadro RTX 8000 +4.7 -> -8.5 %) and WaveGlow's a few
-    points either way (benchmarks/README.md, WaveGlow). So do strided ones:
+    direct rate (`fewer_multiplies_possible`): priced as GEMMs, ResNet-50's
+    1x1 ones moved its published fp32 figures 6-13 points slower (V100 SXM2
+    16GB -5.7 -> -14.0 %, Quadro RTX 8000 +4.7 -> -8.5 %) and WaveGlow's a
+    few points either way (benchmarks/README.md, WaveGlow). So do strided ones:
     the data gradient's GEMM (`gemm_shape`) would count a strided
     convolution's multiply-adds stride^2 times."""
     return is_conv(family) and d[9] <= 1 and d[10] <= 1 \
