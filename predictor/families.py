@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from predictor import dtypes
+from predictor.fused_ops import fused_rms_norm
 from predictor.kernels import layout as L
 from predictor.kernels.work import as_implicit_gemm
 from predictor.registry import Registry
@@ -626,15 +627,9 @@ def _layer_norm_bwd(grad: TensorMeta, x: TensorMeta, normalized_shape, mean, rst
                        12 * x.numel, inner, outer, kernels)]
 
 
-def _fused_rms_norm_op():
-    from predictor.frontend.cuda_paths import fused_rms_norm
-
-    return fused_rms_norm._opoverload
-
-
-@register(_fused_rms_norm_op())
+@register(fused_rms_norm._opoverload)
 def _rms_norm(x: TensorMeta, normalized_shape, w, eps=None, *_, out=None, **__) -> list[Row]:
-    """RMSNorm as CUDA's fused kernel runs it (predictor.frontend.cuda_paths):
+    """RMSNorm as CUDA's fused kernel runs it (predictor.fused_ops):
     layer norm's row reduction without the mean, one kernel; read the rows
     (and the weight), write them and each row's reciprocal RMS."""
     inner = math.prod(normalized_shape)

@@ -307,7 +307,7 @@ def test_rms_norm_with_a_weight_of_another_dtype_stays_composite():
 
 def test_the_fused_rms_norm_op_computes_rms_norm():
     """On real tensors the trace's op is ATen's composite, forward and backward."""
-    from predictor.frontend.cuda_paths import fused_rms_norm
+    from predictor.fused_ops import fused_rms_norm
 
     x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(8, dtype=torch.float64, requires_grad=True)
