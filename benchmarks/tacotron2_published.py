@@ -217,10 +217,10 @@ def trace():
                            optimizer=OPTIMIZER, batch_size=4, name="tacotron2")
 
 
-def predict_rows(table=None, graph=None) -> list[dict]:
+def predict_rows(table=None) -> list[dict]:
     """One dict per published figure: predicted mel frames/s and its error."""
-    return lambda_fp32_rows(trace() if graph is None else graph, "tacotron2",
-                            PUBLISHED if table is None else table, MEAN_FRAMES, SOURCE)
+    return lambda_fp32_rows(trace(), "tacotron2", PUBLISHED if table is None else table,
+                            MEAN_FRAMES, SOURCE)
 
 
 def main(argv=None) -> int:
