@@ -330,6 +330,39 @@ def _layout_transposes(dims: tuple[int, ...], x: TensorMeta, w: TensorMeta,
     return rows
 
 
+def layout_copy(t: TensorMeta) -> Row:
+    """A copy of `t` into another memory format (NCHW <-> channels-last):
+    PyTorch's strided copy kernel (`copy_kernel`)."""
+    inner = t.shape[-1] if t.shape else 1
+    return _with_kernel([memory_row(L.COPY, t.numel, t.numel, 0, inner,
+                                    t.numel // max(inner, 1))], L.COPY_STRIDED)[0]
+
+
+def _format_copies(runs_channels_last: bool, *ts: TensorMeta) -> list[Row]:
+    """The copies ATen makes before a cuDNN convolution whose tensors are of
+    two memory formats. The call runs channels-last when its input or its
+    filter is (cudnn_conv_suggest_memory_format; `_runs_channels_last`), and
+    ATen's convolution makes every tensor it hands cuDNN
+    ``contiguous(memory_format)`` first: the input and filter of a forward,
+    and the output gradient too in a backward (`ts`). So an NCHW input to a
+    convolution with a channels-last filter (a group norm's output in a
+    channels-last model: ATen's CUDA group norm writes NCHW) is copied into
+    channels-last, a pass of its own in every precision. None when the call
+    runs NCHW (cuDNN's own transposes, `_layout_transposes`, price that)."""
+    if not runs_channels_last:
+        return []
+    return [layout_copy(t) for t in ts
+            if len(t.shape) in (4, 5) and t.shape[1] > 1 and math.prod(t.shape[2:]) > 1
+            and not t.channels_last]
+
+
+def _runs_channels_last(x: TensorMeta, w: TensorMeta, y: TensorMeta | None) -> bool:
+    """Whether a convolution runs channels-last: its input or filter is, or
+    (a 1x1 filter's strides fit both formats, and the trace's shape function
+    decides as the CUDA build does) the output it wrote."""
+    return x.channels_last or w.channels_last or (y is not None and y.channels_last)
+
+
 def _per_dim(v, n: int) -> list[int]:
     """An int-list argument of ATen (stride, padding, kernel_size) as its
     values, a single value repeated for each of `n` dims as ATen expands it."""
@@ -365,7 +398,7 @@ def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, 
         dims = _conv_dims(y, w_eq, x, groups, stride, dilation)
         return [(L.CONV_DGRAD, dims, 1)] + _layout_transposes(dims, x, w, x, w, y)
     dims = _conv_dims(x, w, y, groups, stride, dilation)
-    rows = [(L.CONV, dims, 1)]
+    rows = [(L.CONV, dims, 1)] + _format_copies(_runs_channels_last(x, w, y), x, w)
     if not _gemm_on_nchw(w, stride, padding, groups):
         rows += _layout_transposes(dims, x, w, x, w, y)
     return rows
@@ -375,7 +408,9 @@ def _convolution(x: TensorMeta, w: TensorMeta, bias, stride, padding, dilation, 
 def _convolution_backward(grad_out: TensorMeta, x: TensorMeta, w: TensorMeta, bias_sizes, stride,
                           padding, dilation, transposed, output_padding, groups, output_mask,
                           *_, out=None, **__) -> list[Row]:
-    rows: list[Row] = []
+    grads = tensors(out)
+    rows: list[Row] = _format_copies(
+        _runs_channels_last(x, w, grads[0] if grads else None), x, w, grad_out)
     # The data gradient is shaped as the input, the weight gradient as the filter.
     if transposed:
         w_eq = TensorMeta((w.shape[0], w.shape[1] * groups) + w.shape[2:], w.dtype)
@@ -682,17 +717,53 @@ def _weight_norm_bwd(grad_w: TensorMeta, v: TensorMeta, g: TensorMeta, norms, di
                        inner, outer)]
 
 
+def _nchw_copies(*ts: TensorMeta) -> list[Row]:
+    """ATen's CUDA group norm reads NCHW only (``X.contiguous()`` where a CPU
+    keeps the input's format): a copy of each channels-last tensor first.
+    The fx trace already routes channels-last inputs through that copy
+    (predictor.frontend.cuda_paths), so there the input arrives NCHW."""
+    return [layout_copy(t) for t in ts if t.channels_last]
+
+
+def _group_norm_apply(x: TensorMeta, reads: int, n: int, c: int) -> Row:
+    """The elementwise pass of a group norm (forward: y = a x + b; backward:
+    dx = c1 dy + c2 x + c3), `reads` tensors of x's size and the per-(sample,
+    channel) coefficients in, one out."""
+    inner = x.shape[-1] if x.shape else 1
+    return memory_row(L.ELEMENTWISE, reads * x.numel + 2 * n * c, x.numel, 2 * reads * x.numel,
+                      inner, x.numel // max(inner, 1))
+
+
 @register(aten.native_group_norm)
 def _group_norm(x: TensorMeta, w, b, n, c, hw, groups, *_, out=None, **__) -> list[Row]:
-    inner = x.numel // max(n * groups, 1)
-    return [memory_row(L.LAYER_NORM, 2 * x.numel, x.numel, 8 * x.numel, inner, n * groups, 2)]
+    """ATen's CUDA group norm is not a layer norm's one-pass kernel
+    (aten/src/ATen/native/cuda/group_norm_kernel.cu): RowwiseMomentsCUDAKernel
+    reduces each (sample, group) row of C/G x HW elements to its mean and
+    rstd, one block a row; ComputeFusedParamsCUDAKernel folds them and the
+    affine weights into a scale and a shift per (sample, channel); then an
+    elementwise pass writes y = a x + b. Priced as that: a reduction row
+    (its two kernels) and an elementwise row. Its rows are long, 40,960
+    elements at Stable Diffusion's first level, ten times the longest row of
+    the layer-norm kernels the layer-norm network learned from (4,100), which
+    priced such a row at 20 times a pass over its bytes."""
+    rows = max(n * groups, 1)
+    return _nchw_copies(x) + [
+        memory_row(L.REDUCTION, x.numel, 2 * rows, 2 * x.numel, x.numel // rows, rows, 2),
+        _group_norm_apply(x, 1, n, c)]
 
 
 @register(aten.native_group_norm_backward)
 def _group_norm_bwd(grad: TensorMeta, x: TensorMeta, mean, rstd, w, n, c, hw, groups, *_, out=None,
                     **__) -> list[Row]:
-    inner = x.numel // max(n * groups, 1)
-    return [memory_row(L.LAYER_NORM_BWD, 3 * x.numel, x.numel, 12 * x.numel, inner, n * groups, 3)]
+    """ATen's CUDA backward: ComputeInternalGradientsCUDAKernel reduces dy and
+    dy * x over each (sample, channel)'s HW elements; three small kernels turn
+    those into dx's coefficients and the weights' gradients
+    (ComputeGradOutputCoeffient, ComputeBackwardFusedParams, GammaBetaBackward);
+    an elementwise pass writes dx = c1 dy + c2 x + c3."""
+    rows = max(n * c, 1)
+    return _nchw_copies(grad, x) + [
+        memory_row(L.REDUCTION, 2 * x.numel, 2 * rows, 4 * x.numel, x.numel // rows, rows, 4),
+        _group_norm_apply(x, 2, n, c)]
 
 
 def _bn_rows(family: int, x: TensorMeta, training: bool, reads: int, kernels: int) -> list[Row]:

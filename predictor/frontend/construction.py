@@ -21,6 +21,14 @@ any case (``fx._fake_params``), so no shape or op of the traced step changes.
 What a function mode does not see stays fake: ``torch.from_numpy`` and the
 legacy ``torch.Tensor(array)`` constructor (BiT's schedule), whose models
 still cannot be traced.
+
+A factory that converts the model it built (``Model().half()``,
+``.to(torch.bfloat16)``, ``.to(memory_format=...)``) cannot run under fake
+tensors: ``Module._apply`` swaps every fake parameter for its converted copy
+(``torch.utils.swap_tensors``), which refuses tensors the fake mode holds
+weak references to. ``build_model`` builds such a model again on the meta
+device, where conversions are plain tensor ops and nothing is materialised
+either.
 """
 
 from __future__ import annotations
@@ -115,6 +123,19 @@ class _RealConstants(TorchFunctionMode):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+def build_model(build):
+    """``build()`` under the active fake mode, its constants real; on the
+    meta device where it converts its own parameters (module docstring)."""
+    try:
+        with real_constants():
+            return build()
+    except RuntimeError as exc:
+        if "Couldn't swap" not in str(exc):
+            raise
+    with unset_fake_temporarily(), torch.device("meta"):
+        return build()
 
 
 @contextlib.contextmanager

@@ -52,6 +52,14 @@ those calls to the aten op the CUDA build dispatches to:
   (``predictor::_fused_rms_norm``, whose gradient is ATen's
   ``_fused_rms_norm_backward``). CUDA's autocast runs
   ``rms_norm`` in fp32; so does the trace under amp.
+- ``group_norm`` (``nn.GroupNorm``) of a channels-last input: ATen's CUDA
+  ``native_group_norm`` makes its input contiguous (NCHW) and writes an
+  NCHW output, where a CPU build keeps the channels-last format
+  (``group_norm.cpp``: ``X.device().is_cpu() ? X.suggest_memory_format() :
+  Contiguous``). The trace makes the same copy, so the norm's output and
+  what follows it (the activation, the next convolution's copy back into
+  channels-last: ``families._format_copies``) are in the format a GPU has
+  them in. A channels-last diffusion UNet pays two copies a group norm.
 """
 
 from __future__ import annotations
@@ -200,6 +208,23 @@ def _rms_norm(args: tuple, kwargs: dict, amp_dtype):
     return fused_rms_norm(x, shape, w, None if eps is None else float(eps))[0]
 
 
+_GROUP_NORMS = (F.group_norm, torch.group_norm)
+
+
+def _group_norm(func, args: tuple, kwargs: dict):
+    """A group norm of a channels-last fake input as the CUDA build runs it,
+    on an NCHW copy; None for any other input."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, FakeTensor) or x.dim() not in (4, 5) or x.is_contiguous():
+        return None
+    if not x.is_contiguous(memory_format=torch.channels_last if x.dim() == 4
+                           else torch.channels_last_3d):
+        return None
+    args = (x.contiguous(),) + tuple(args[1:]) if args else args
+    kwargs = {**kwargs, "input": x.contiguous()} if "input" in kwargs else kwargs
+    return func(*args, **kwargs)
+
+
 def _dropout_args(func, args: tuple, kwargs: dict) -> tuple:
     """(input, p, training, inplace) of an F.dropout / torch.dropout call."""
     names = ("input", "p", "training", "inplace") if func is F.dropout else ("input", "p", "train")
@@ -224,6 +249,10 @@ class CudaPaths(TorchFunctionMode):
                 return out
         if func in _RMS_NORMS:
             out = _rms_norm(args, kwargs, self.amp_dtype)
+            if out is not None:
+                return out
+        if func in _GROUP_NORMS:
+            out = _group_norm(func, args, kwargs)
             if out is not None:
                 return out
         if func in _CELLS:

@@ -29,7 +29,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor.frontend import autocast, blocks, float8, layout_pass, memory_pass, optimizers
-from predictor.frontend.construction import real_constants
+from predictor.frontend.construction import build_model, real_constants
 from predictor.frontend.cuda_paths import CudaPaths
 from predictor.io import printable
 from predictor.kernels import layout as L
@@ -382,13 +382,11 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
         fake = spec.prebuilt[0]
     with fake:
         if mode == "inference" and spec.build_inference is not None:
-            with real_constants():
-                module = spec.build_inference()
+            module = build_model(spec.build_inference)
         elif spec.prebuilt is not None:
             module = spec.prebuilt[1]
         else:
-            with real_constants():
-                built = spec.build()
+            built = build_model(spec.build)
             module = built[0] if isinstance(built, tuple) else built
         if not isinstance(module, torch.nn.Module):
             raise InvalidArgumentError(
