@@ -23,9 +23,10 @@ out of it.
   ``benchmarks.gnmt_published``, ``benchmarks.ncf_published`` (NVIDIA's and
   Lambda's tables), ``benchmarks.transformer_published``,
   ``benchmarks.transformerxl_published``,
-  ``benchmarks.waveglow_published`` and ``benchmarks.tacotron2_published``:
-  every published figure the predictor prices on tensor cores, computed
-  here.
+  ``benchmarks.waveglow_published``, ``benchmarks.tacotron2_published`` and
+  ``benchmarks.diffusion_published`` (Stable Diffusion's half-precision
+  denoising steps): every published figure the predictor prices on tensor
+  cores, computed here.
 
 The held-out check: for each GPU, the band from every *other* GPU's labels,
 and the share of its own labels inside it. A band that holds about 90 % of
@@ -83,12 +84,13 @@ def from_e2e(path: Path) -> tuple[list[str], np.ndarray]:
 
 def _published_candidates() -> list[dict]:
     """Every published row the harnesses price, each with its "precision"."""
-    from benchmarks import (amp_published, gnmt_published, ncf_published, tacotron2_published,
-                            timm_published, transformer_published, transformerxl_published,
-                            waveglow_published)
+    from benchmarks import (amp_published, diffusion_published, gnmt_published, ncf_published,
+                            tacotron2_published, timm_published, transformer_published,
+                            transformerxl_published, waveglow_published)
 
     return (amp_published.run()
             + [dict(r, precision="amp") for r in timm_published.run()]
+            + [dict(r, precision="amp") for r in diffusion_published.predict_rows()]
             + gnmt_published.predict_rows()
             + gnmt_published.predict_rows(table=gnmt_published.LAMBDA)
             + ncf_published.predict_rows() + ncf_published.predict_rows(ncf_published.lambda_table())
@@ -194,7 +196,9 @@ def main(argv=None) -> int:
                                                  "(benchmarks.gnmt_published, ncf_published, "
                                                  "transformer_published, "
                                                  "transformerxl_published, waveglow_published, "
-                                                 "tacotron2_published)")
+                                                 "tacotron2_published), Stable Diffusion "
+                                                 "v1.5 denoising steps "
+                                                 "(benchmarks.diffusion_published)")
     print("| standing | labels | GPUs | mean abs error | 90th percentile | held-out GPU's "
           "labels within the others' band |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -11,7 +11,11 @@
 #      (benchmarks/calibration_gpu.py);
 #   4. the peak-memory model against PyTorch's counters (benchmarks/memory_gpu.py);
 #   5. the kernels of real training steps, per kernel kind, to read the model's
-#      misses from (benchmarks/profile_gpu.py; about a minute).
+#      misses from (benchmarks/profile_gpu.py; about a minute);
+#   6. Stable Diffusion v1.5's half-precision denoising step at batch 1, 4 and
+#      16, timed and profiled (benchmarks/diffusion_published.py --measure;
+#      under a minute): where the published datacenter-board figures and the
+#      prediction part.
 #
 # The machine needs torch with CUDA, numba, numpy, pandas, rich, tqdm and
 # transformers (the project's own dependencies); the project itself is put on
@@ -55,11 +59,11 @@ if [ "${DEVICE:-cuda}" = cpu ]; then
     # A rehearsal of this script on a machine without a GPU: small and quick.
     kernel_args=(--device cpu --per-op 2 --models gpt2:1x32); calibration_args=(--device cpu --models tiny)
     amp_args=(--device cpu --models tiny --repeats 2 --iterations 2)
-    profile_args=(--device cpu --smoke)
+    profile_args=(--device cpu --smoke); sd_args=(--smoke)
 else
     python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
 print(torch.__version__, torch.cuda.get_device_name())" || exit 1
-    kernel_args=(); calibration_args=(); amp_args=(); profile_args=()
+    kernel_args=(); calibration_args=(); amp_args=(); profile_args=(); sd_args=()
 fi
 
 status=0
@@ -72,4 +76,6 @@ python3 -m benchmarks.calibration_gpu --json "$OUT/calibration_gpu.json" \
 python3 -m benchmarks.memory_gpu 2>&1 | tee "$OUT/memory_gpu.log" || status=1
 python3 -m benchmarks.profile_gpu --out "$OUT/profile" "${profile_args[@]}" 2>&1 \
     | tee "$OUT/profile_gpu.log" || status=1
+python3 -m benchmarks.diffusion_published --measure "$OUT/diffusion" "${sd_args[@]}" 2>&1 \
+    | tee "$OUT/diffusion.log" || status=1
 exit $status

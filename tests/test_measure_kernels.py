@@ -188,10 +188,11 @@ def test_the_gpu_session_script_rehearses_on_the_cpu(tmp_path):
     kernels = list((out / "kernels").glob("*.csv"))
     assert len(kernels) == 1 and len(pd.read_csv(kernels[0])) > 0
     for log in ("measure_kernels.log", "calibration_gpu.log", "memory_gpu.log",
-                "profile_gpu.log"):
+                "profile_gpu.log", "diffusion.log"):
         assert (out / log).stat().st_size > 0, log
     assert (out / "calibration_gpu.json").exists()
     assert list((out / "profile").glob("*.csv"))
+    assert (out / "diffusion" / "sd15.json").exists()
 
 
 def test_rows_that_ran_in_tf32_are_not_trained_as_fp32(tmp_path):
