@@ -71,7 +71,7 @@ def _strided_copies(graph, phase="forward"):
     t = graph.ops
     names = np.asarray(t.op_names, dtype=object)[t.op]
     d = t.dims(8)
-    return sorted(str(names[i]) for i in range(len(t))
+    return sorted(str(names[i]) for i in range(len(t)) for _ in range(int(t.count[i]))
                   if t.family[i] == L.COPY and t.phase[i] == L.PHASE_NAMES.index(phase)
                   and d.shape[1] > L.MEM_GENERIC and d[i, L.MEM_GENERIC] == L.COPY_STRIDED)
 
@@ -79,10 +79,11 @@ def _strided_copies(graph, phase="forward"):
 def test_channels_last_group_norm_runs_on_an_nchw_copy():
     """On a GPU the norm reads an NCHW copy and writes NCHW (the CPU build
     keeps channels-last); the SiLU runs on NCHW and the next convolution,
-    whose filter is channels-last, copies its input back. NCHW models pay
-    neither copy."""
+    whose filter is channels-last, copies its input back (once: the trace
+    makes that copy itself, and the convolution's row adds none). NCHW
+    models pay neither copy."""
     cl = _trace(NormBlock, 64, 32, fmt="channels_last", dtype=torch.float32)
-    assert _strided_copies(cl) == ["clone", "convolution"]
+    assert _strided_copies(cl) == ["clone", "clone"]
     nchw = _trace(NormBlock, 64, 32, fmt="contiguous", dtype=torch.float32)
     assert _strided_copies(nchw) == []
 
@@ -108,3 +109,37 @@ def test_a_factory_that_converts_its_model_traces(convert, dtype):
     p = predictor.predict(g, "T4", batch_size=4)
     assert np.isfinite(p.iteration_ms) and p.iteration_ms > 0
     assert set(p.ops[p.ops.op == "convolution"].dtype) == {str(dtype).split(".")[1]}
+
+
+class Projection(nn.Module):
+    """A group norm, then a 1x1 convolution (a diffusion transformer's proj_in)."""
+
+    def __init__(self, c=64):
+        super().__init__()
+        self.norm = nn.GroupNorm(8, c)
+        self.proj = nn.Conv2d(c, c, 1)
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(self.proj(self.norm(x)))
+
+
+def test_a_channels_last_1x1_filter_makes_its_convolution_channels_last():
+    """`model.to(memory_format=torch.channels_last)` gives a 1x1 filter the
+    strides (C, 1, C, C), by which ATen runs its convolution channels-last:
+    the NCHW norm output is copied in once, and the 3x3 convolution after it
+    reads channels-last with no copy of its own."""
+    cl = _trace(Projection, 64, 32, fmt="channels_last", dtype=torch.float32)
+    assert _strided_copies(cl) == ["clone", "clone"]
+
+
+def test_strides_like_channels_last_is_atens_rule():
+    from predictor.frontend.cuda_paths import strides_like_channels_last as like_cl
+
+    w = torch.empty(8, 4, 1, 1)
+    assert not like_cl(w) and like_cl(w.to(memory_format=torch.channels_last))
+    x = torch.empty(2, 4, 5, 5)
+    assert not like_cl(x) and like_cl(x.to(memory_format=torch.channels_last))
+    assert not like_cl(torch.empty(2, 4, 1, 1)) and not like_cl(torch.empty(3, 1, 1, 1))
+    v = torch.empty(2, 4, 3, 5, 5)
+    assert like_cl(v.to(memory_format=torch.channels_last_3d)) and not like_cl(v)

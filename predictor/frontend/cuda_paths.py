@@ -60,9 +60,20 @@ those calls to the aten op the CUDA build dispatches to:
   what follows it (the activation, the next convolution's copy back into
   channels-last: ``families._format_copies``) are in the format a GPU has
   them in. A channels-last diffusion UNet pays two copies a group norm.
+- ``conv2d``, ``conv3d`` (and their transposes) of an NCHW input with a
+  channels-last filter: cuDNN's convolution runs channels-last when its
+  input or its filter is (``cudnn_conv_suggest_memory_format``), so ATen
+  copies the input into channels-last and writes a channels-last output.
+  The shape function of a convolution on CPU tensors follows the input
+  alone (``torch._meta_registrations``' ``pick_memory_format``): the trace
+  would carry NCHW on through the model. The trace copies the input as
+  ATen does (a strided copy, priced as one), so the output and what reads
+  it are channels-last, as on the GPU.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -225,6 +236,48 @@ def _group_norm(func, args: tuple, kwargs: dict):
     return func(*args, **kwargs)
 
 
+_CONVS = (torch.conv2d, torch.conv3d, torch.conv_transpose2d, torch.conv_transpose3d)
+
+
+def strides_like_channels_last(t: Any) -> bool:
+    """c10's ``is_strides_like_channels_last`` for a 4-D or 5-D tensor: the
+    order of its strides is channels-last, size-1 dims included. It is how
+    ATen tells a channels-last 1x1 filter (strides C, 1, C, C) from an NCHW
+    one (C, 1, 1, 1), though both hold their bytes alike; and how it picks
+    the memory format of a convolution (``suggest_memory_format``)."""
+    if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5):
+        return False
+    try:
+        sizes, strides = t.shape, t.stride()
+    except (RuntimeError, NotImplementedError):   # tensors without strides
+        return False
+    least = 0
+    for d in ((1, 3, 2, 0) if t.dim() == 4 else (1, 4, 3, 2, 0)):
+        if sizes[d] == 0 or strides[d] < least:
+            return False
+        if d == 0 and least == strides[1]:
+            return False
+        least = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
+
+
+def _conv(func, args: tuple, kwargs: dict):
+    """A convolution of an NCHW fake input with a channels-last filter, on a
+    channels-last copy of the input as ATen's cuDNN path makes; None
+    otherwise."""
+    x = args[0] if args else kwargs.get("input")
+    w = args[1] if len(args) > 1 else kwargs.get("weight")
+    if not isinstance(x, FakeTensor) or not isinstance(w, torch.Tensor) or x.dim() not in (4, 5):
+        return None
+    if strides_like_channels_last(x) or not strides_like_channels_last(w) or x.shape[1] <= 1:
+        return None
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    x = x.contiguous(memory_format=fmt)
+    if args:
+        return func(x, *args[1:], **kwargs)
+    return func(**{**kwargs, "input": x})
+
+
 def _dropout_args(func, args: tuple, kwargs: dict) -> tuple:
     """(input, p, training, inplace) of an F.dropout / torch.dropout call."""
     names = ("input", "p", "training", "inplace") if func is F.dropout else ("input", "p", "train")
@@ -253,6 +306,10 @@ class CudaPaths(TorchFunctionMode):
                 return out
         if func in _GROUP_NORMS:
             out = _group_norm(func, args, kwargs)
+            if out is not None:
+                return out
+        if func in _CONVS:
+            out = _conv(func, args, kwargs)
             if out is not None:
                 return out
         if func in _CELLS:

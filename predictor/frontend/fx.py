@@ -30,7 +30,7 @@ from predictor import zoo
 from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor.frontend import autocast, blocks, float8, layout_pass, memory_pass, optimizers
 from predictor.frontend.construction import build_model, real_constants
-from predictor.frontend.cuda_paths import CudaPaths
+from predictor.frontend.cuda_paths import CudaPaths, strides_like_channels_last
 from predictor.io import printable
 from predictor.kernels import layout as L
 from predictor.limits import check_batch_size, check_seq_len
@@ -62,13 +62,16 @@ def check_memory_format(memory_format: str | None) -> str | None:
 
 
 def in_format(t: torch.Tensor, memory_format: str | None) -> torch.Tensor:
-    """`t` stored in `memory_format` (4-D and 5-D tensors; others as they are)."""
+    """`t` stored in `memory_format` (4-D and 5-D tensors; others as they are),
+    as ``t.to(memory_format=...)`` stores it: a 1x1 filter too gets
+    channels-last strides (C, 1, C, C), which ``contiguous(memory_format=)``
+    leaves at (C, 1, 1, 1) since the two formats hold its bytes alike, and by
+    which ATen decides that its convolution runs channels-last."""
     if memory_format is None or t.dim() not in (4, 5):
         return t
     if memory_format == "contiguous":
         return t.contiguous()
-    return t.contiguous(memory_format=torch.channels_last if t.dim() == 4
-                        else torch.channels_last_3d)
+    return t.to(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
 
 
 def inputs_in_format(x: Any, memory_format: str | None) -> Any:
@@ -310,7 +313,7 @@ def _fake_params(module: torch.nn.Module,
     def like(t: torch.Tensor) -> torch.Tensor:
         out = torch.empty(t.shape, dtype=t.dtype)
         if memory_format is None:
-            return in_format(out, "channels_last") if is_channels_last(t) else out
+            return in_format(out, "channels_last") if strides_like_channels_last(t) else out
         return in_format(out, memory_format)
 
     params, buffers = {}, {}
