@@ -152,9 +152,9 @@ def test_the_published_standing_reads_every_harness_table(monkeypatch):
     harness, each table as that harness now names it: a renamed table is an
     error here, not at the next `--write`. The harnesses' pricing is stubbed
     (each prices its rows in its own test); the tables are the real ones."""
-    from benchmarks import (amp_published, gnmt_published, ncf_published, tacotron2_published,
-                            timm_published, transformer_published, transformerxl_published,
-                            waveglow_published)
+    from benchmarks import (amp_published, diffusion_published, gnmt_published, ncf_published,
+                            tacotron2_published, timm_published, transformer_published,
+                            transformerxl_published, waveglow_published)
 
     seen = []
 
@@ -174,13 +174,15 @@ def test_the_published_standing_reads_every_harness_table(monkeypatch):
     monkeypatch.setattr(transformerxl_published, "predict_rows", rows("transformer-xl"))
     monkeypatch.setattr(waveglow_published, "predict_rows", rows("waveglow"))
     monkeypatch.setattr(tacotron2_published, "predict_rows", rows("tacotron2"))
+    monkeypatch.setattr(diffusion_published, "predict_rows", rows("diffusion"))
     gpus, err = bench.from_published()
     assert ("gnmt", len(gnmt_published.LAMBDA)) in seen
     assert ("ncf", len(ncf_published.LAMBDA_COLUMNS)) in seen
     # each table's AMP row on an A100 is a tensor-core one; an fp32 row is not
-    # (timm's rows are all taken as AMP: its V100 row counts too)
-    assert len(seen) == 10 and gpus.count("A100-SXM4-80GB") == 10
-    assert sorted(err) == [10.0] * 10 + [50.0]
+    # (timm's and the diffusion check's rows are all half precision: their
+    # V100 rows count too)
+    assert len(seen) == 11 and gpus.count("A100-SXM4-80GB") == 11
+    assert sorted(err) == [10.0] * 11 + [50.0] * 2
 
 
 def test_the_unseen_standing_takes_fp32_rows_on_boards_outside_the_data():
