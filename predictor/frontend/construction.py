@@ -28,7 +28,8 @@ tensors: ``Module._apply`` swaps every fake parameter for its converted copy
 (``torch.utils.swap_tensors``), which refuses tensors the fake mode holds
 weak references to. ``build_model`` builds such a model again on the meta
 device, where conversions are plain tensor ops and nothing is materialised
-either.
+either. Both builds run under ``devices.OnTraceDevice``: a factory's
+``.cuda()`` or ``.to("cuda")`` keeps the model where it is built.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
+
+from predictor.frontend.devices import OnTraceDevice
 
 # The largest constant computed for real: a position-id range of a 128k
 # context is 131,072 elements; a megabyte-sized constant costs nothing.
@@ -129,12 +132,12 @@ def build_model(build):
     """``build()`` under the active fake mode, its constants real; on the
     meta device where it converts its own parameters (module docstring)."""
     try:
-        with real_constants():
+        with real_constants(), OnTraceDevice():
             return build()
     except RuntimeError as exc:
         if "Couldn't swap" not in str(exc):
             raise
-    with unset_fake_temporarily(), torch.device("meta"):
+    with unset_fake_temporarily(), torch.device("meta"), OnTraceDevice(every_device=True):
         return build()
 
 

@@ -31,6 +31,7 @@ from predictor.errors import InvalidArgumentError, PredictorError, TraceError
 from predictor.frontend import autocast, blocks, float8, layout_pass, memory_pass, optimizers
 from predictor.frontend.construction import build_model, real_constants
 from predictor.frontend.cuda_paths import CudaPaths, strides_like_channels_last
+from predictor.frontend.devices import OnTraceDevice
 from predictor.io import printable
 from predictor.kernels import layout as L
 from predictor.limits import check_batch_size, check_seq_len
@@ -263,8 +264,8 @@ def _spec_for(model: Any, example_inputs: Any, loss_fn: Callable | None, batch_d
         # fake mode the trace then reuses (the factory is never called again).
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         try:
-            with fake, real_constants():
-                built = model()
+            with fake:
+                built = build_model(model)
         except Exception as exc:  # noqa: BLE001 — user code
             raise TraceError(f"the model factory raised {_one_line(exc)}") from exc
         if isinstance(built, tuple) and len(built) == 2:
@@ -454,7 +455,7 @@ def _trace_once(spec: _Spec, mode: str, optimizer: str | None, batch: int,
 
     step = train_step if mode == "train" else inference_step
     try:
-        with CudaPaths(policy.dtype if policy is not None else None), fake, \
+        with CudaPaths(policy.dtype if policy is not None else None), OnTraceDevice(), fake, \
                 (policy if policy is not None else contextlib.nullcontext()):
             gm = make_fx(step, tracing_mode="real")(params, buffers, opt_state, inputs)
     finally:

@@ -160,14 +160,14 @@ def load_factory(spec: str) -> ZooModel:
     """Wrap a user factory (``path/to/file.py:fn`` or ``package.module:fn``) as a ZooModel."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from predictor.frontend.construction import real_constants
+    from predictor.frontend.construction import build_model
 
     factory, attr = _import_target(spec)
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with fake, real_constants():
-            result = _call_factory(factory)
+        with fake:
+            result = build_model(lambda: _call_factory(factory))
             model, raw_inputs = _split_result(result, spec)
     except UnknownModelError:
         raise
