@@ -19,7 +19,8 @@ out of it.
 - ``tensor cores``: the AMP and TF32 rows of ``benchmarks.amp_published``
   (published ResNet-50 and BERT training throughput), of
   ``benchmarks.timm_published`` (timm's AMP training and inference of
-  ResNets and Inception v3, NCHW and channels-last), and of
+  ResNets and Inception v3, NCHW and channels-last, and training of
+  ConvNeXt-T, MobileNetV2 and EfficientNet-B0), and of
   ``benchmarks.gnmt_published``, ``benchmarks.ncf_published`` (NVIDIA's and
   Lambda's tables), ``benchmarks.transformer_published``,
   ``benchmarks.transformerxl_published``,
@@ -90,6 +91,8 @@ def _published_candidates() -> list[dict]:
 
     return (amp_published.run()
             + [dict(r, precision="amp") for r in timm_published.run()]
+            + [dict(r, precision="amp")
+               for r in timm_published.run(timm_published.DEPTHWISE_PUBLISHED)]
             + [dict(r, precision="amp") for r in diffusion_published.predict_rows()]
             + gnmt_published.predict_rows()
             + gnmt_published.predict_rows(table=gnmt_published.LAMBDA)
@@ -189,7 +192,9 @@ def main(argv=None) -> int:
                                                  "published AMP and TF32 throughput: "
                                                  "ResNet-50 and BERT training "
                                                  "(benchmarks.amp_published), ResNets and "
-                                                 "Inception v3 training and inference "
+                                                 "Inception v3 training and inference, "
+                                                 "ConvNeXt-T, MobileNetV2 and "
+                                                 "EfficientNet-B0 training "
                                                  "(benchmarks.timm_published), GNMT, NCF, "
                                                  "Transformer-big, Transformer-XL, WaveGlow "
                                                  "and Tacotron 2 training "

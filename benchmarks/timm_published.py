@@ -89,6 +89,42 @@ VIT_PUBLISHED = [
 ]
 
 
+# Depthwise convolutions, a table of their own: ConvNeXt-T (7x7 depthwise,
+# layer norms, GELU MLPs), MobileNetV2 (3x3 depthwise, ReLU6, inverted
+# residuals) and EfficientNet-B0 (3x3 and 5x5 depthwise, squeeze-and-excite,
+# SiLU), traced from Hugging Face configs of timm's shapes (their parameter
+# counts are timm's), training on the RTX 3090 in both formats.
+DEPTHWISE_PUBLISHED = [
+    ("train", "convnext_tiny", "RTX-3090", "nchw", 256, 813.16, TRAIN_NCHW),
+    ("train", "convnext_tiny", "RTX-3090", "nhwc", 256, 819.24, TRAIN_NHWC),
+    ("train", "mobilenetv2_100", "RTX-3090", "nchw", 512, 1832.14, TRAIN_NCHW),
+    ("train", "mobilenetv2_100", "RTX-3090", "nhwc", 512, 2313.1, TRAIN_NHWC),
+    ("train", "efficientnet_b0", "RTX-3090", "nchw", 384, 1459.11, TRAIN_NCHW),
+    ("train", "efficientnet_b0", "RTX-3090", "nhwc", 512, 1751.72, TRAIN_NHWC),
+]
+# model: (Hugging Face model type, config fields that make it timm's)
+DEPTHWISE_CONFIGS = {
+    "convnext_tiny": ("convnext", {}),
+    # timm pads symmetrically, Hugging Face's default is TensorFlow's "same"
+    "mobilenetv2_100": ("mobilenet_v2", {"tf_padding": False}),
+    # Hugging Face's defaults are B7's
+    "efficientnet_b0": ("efficientnet", {"width_coefficient": 1.0, "depth_coefficient": 1.0,
+                                         "image_size": 224, "dropout_rate": 0.2,
+                                         "hidden_dim": 1280}),
+}
+
+
+def depthwise_config(model: str):
+    """The Hugging Face config of timm's `model` (see DEPTHWISE_CONFIGS)."""
+    from transformers import AutoConfig
+
+    kind, fields = DEPTHWISE_CONFIGS[model]
+    arch = {"convnext": "ConvNext", "mobilenet_v2": "MobileNetV2",
+            "efficientnet": "EfficientNet"}[kind] + "ForImageClassification"
+    return AutoConfig.for_model(kind, id2label={str(i): str(i) for i in range(1000)},
+                                architectures=[arch], **fields)
+
+
 def vit_config(model: str):
     """The Hugging Face ViT config of timm's `model` (see VIT_SHAPES)."""
     from transformers import AutoConfig
@@ -108,6 +144,11 @@ def _trace(model: str, batch: int, fmt: str, mode: str):
     if model in VIT_SHAPES:
         return predictor.trace(vit_config(model), batch_size=batch, amp="fp16",
                                optimizer="sgd-loop", mode=mode, name=f"timm-{model}")
+    if model in DEPTHWISE_CONFIGS:
+        return predictor.trace(depthwise_config(model), batch_size=batch, amp="fp16",
+                               optimizer="sgd-loop", mode=mode,
+                               memory_format="channels_last" if fmt == "nhwc" else None,
+                               name=f"timm-{model}")
     if model in RESNET_BLOCKS:
         build, inputs = (lambda: vision.ResNet(RESNET_BLOCKS[model])), vision.resnet50_inputs
     else:
@@ -189,7 +230,20 @@ def main(argv=None) -> int:
               f"| {r['predicted']:,.1f} | {r['error_pct']:+.1f} % |")
     print(f"mean |error| {np.mean([abs(r['error_pct']) for r in vit]):.1f} % over {len(vit)}")
     print()
-    print("Sources: " + "; ".join(sorted({r["source"] for r in rows + vit})))
+    dw = run(DEPTHWISE_PUBLISHED)
+    print("Depthwise convolutions, traced from Hugging Face configs of timm's shapes:")
+    print()
+    print("| model | GPU | memory format | batch | published samples/s | predicted | error |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for r in dw:
+        print(f"| {r['model']} | {r['gpu']} | {r['memory_format'].upper()} | {r['batch']} "
+              f"| {r['published']:,.1f} | {r['predicted']:,.1f} | {r['error_pct']:+.1f} % |")
+    print(f"mean |error| {np.mean([abs(r['error_pct']) for r in dw]):.1f} % over {len(dw)}")
+    for r in format_ratios(dw):
+        print(f"{r['model']} NHWC / NCHW: published {r['published']:.2f}, "
+              f"predicted {r['predicted']:.2f}")
+    print()
+    print("Sources: " + "; ".join(sorted({r["source"] for r in rows + vit + dw})))
     return 0
 
 

@@ -26,6 +26,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
 from predictor.kernels.mlp import chip_efficiency, floor_us, has_group
 from predictor.kernels import precision
 from predictor.kernels.clocks import power_limit_share, with_board_clock
+from predictor.kernels.depthwise import depthwise_us, is_depthwise
 from predictor.kernels.recurrent import MAX_KERNELS, is_recurrent, lstm_kernels
 from predictor.kernels.work import as_implicit_gemm, implicit_gemm_dims
 from predictor.kernels.roofline import (P_LAUNCH_US, P_TF32_CONV, P_TF32_MATMUL,
@@ -135,6 +136,9 @@ def op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
 def _op_time_us(family, dtype_code, kernels, d, gpu, params, mlp):
     if is_recurrent(family):
         return recurrent_us(family, dtype_code, d, gpu, params, mlp)
+    if is_depthwise(family, d):  # PyTorch's direct kernels, not a GEMM (kernels.depthwise)
+        return depthwise_us(family, dtype_code, kernels, d, gpu, params,
+                            power_limit_share(mlp, gpu))
     if implicit_gemm_priced(family, dtype_code, d, gpu, params):
         return implicit_gemm_us(family, dtype_code, kernels, d, gpu, params, mlp)
     return _row_us(family, dtype_code, kernels, d, gpu, params, mlp)
@@ -258,6 +262,8 @@ def isolated_time_us(family, dtype_code, d, gpu, params, mlp):
 def _isolated_time_us(family, dtype_code, d, gpu, params, mlp):
     if is_recurrent(family):  # one cuDNN call: its kernels as in a step
         return recurrent_us(family, dtype_code, d, gpu, params, mlp)
+    if is_depthwise(family, d):
+        return depthwise_us(family, dtype_code, 1, d, gpu, params, power_limit_share(mlp, gpu))
     if implicit_gemm_priced(family, dtype_code, d, gpu, params):  # its implicit GEMM alone
         g, p = implicit_gemm_row(family, dtype_code, d, params)
         t = _isolated_row_us(L.MATMUL, dtype_code, g, gpu, p, mlp)

@@ -18,6 +18,7 @@ from predictor.errors import InvalidArgumentError, NotApplicableWarning
 from predictor.kernels import layout as L
 from predictor.kernels import precision
 from predictor.kernels.clocks import power_limit_share
+from predictor.kernels.depthwise import is_depthwise
 from predictor.kernels.grid import evaluate_grid, evaluate_ops
 from predictor.kernels.optime import learned_rows, on_cuda_cores, recurrent_params
 from predictor.kernels.recurrent import is_recurrent
@@ -85,6 +86,9 @@ def predicted_basis(ops, gpu=None, params: np.ndarray | None = None,
                 basis[i] = L.BASIS_ANALYTICAL
         if batch is not None:
             basis[_on_cuda_cores(ops, batch, gpu, p)] = L.BASIS_LEARNED
+    for i, fam in enumerate(ops.family):
+        if is_depthwise(fam, ops.dbase[i]):  # kernels.depthwise, by its own formula
+            basis[i] = L.BASIS_ANALYTICAL
     return basis
 
 

@@ -315,6 +315,8 @@ def _layout_transposes(dims: tuple[int, ...], x: TensorMeta, w: TensorMeta,
     same bytes in both formats and is not moved."""
     if x.channels_last or w.channels_last:
         return []
+    if len(dims) > 9 and dims[9] > 1 and dims[1] // dims[9] == 1:
+        return []   # a depthwise convolution: PyTorch's own NCHW kernels (kernels.depthwise)
     flag = 1
     if x.dtype == torch.float32 and as_implicit_gemm(L.CONV, np.asarray(dims, dtype=np.int64)):
         flag = L.LAYOUT_IMPLICIT_GEMM

@@ -25,6 +25,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from predictor.kernels import depthwise as DW
 from predictor.kernels import features
 from predictor.kernels import layout as L
 from predictor.kernels import mlp as M
@@ -773,6 +774,27 @@ def generic_kernel_us(family: int, d: Sequence[int], gpu: Sequence[float],
     return max(t_stream, elems / (rate * gpu[L.G_SMS] * gpu[L.G_CLOCK_MHZ] * clock_share))
 
 
+# ---- kernels/depthwise.py ----------------------------------------------------------
+
+def depthwise_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
+                 gpu: Sequence[float], params, clock_share: float) -> float:
+    """depthwise.depthwise_us: the larger of the kernel loop's issue time and
+    its tensors' memory time, plus its launches."""
+    n, c, h, w, k, r, s, p, q = (d[i] for i in range(9))
+    instr = {L.CONV_DGRAD: DW.DGRAD_INSTR, L.CONV_WGRAD: DW.WGRAD_INSTR}.get(family,
+                                                                          DW.FORWARD_INSTR)
+    taps = float(n) * (c * h * w if family == L.CONV_DGRAD else k * p * q) * r * s
+    rate = gpu[L.G_SMS] * DW.ISSUE_PER_SM_CLOCK * gpu[L.G_CLOCK_MHZ] * 1e6 * clock_share
+    flops, elems = flops_and_elems(family, d)
+    if rate > 0.0:
+        t_issue = taps * instr / rate * 1e6
+    else:
+        t_issue = flops / peak_flops(gpu, L.ELEMENTWISE, dtype_code, params) * 1e6
+    t_mem = elems * row_elem_bytes(dtype_code) / (gpu[L.G_MEM_BW_GBS] * 1e9
+                                                  * DW.MEMORY_EFFICIENCY) * 1e6
+    return max(t_issue, t_mem) + kernels * params[R.P_LAUNCH_US]
+
+
 def op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
                gpu: Sequence[float], params, mlp) -> float:
     """Time of one execution of a row (us): the ideal roofline time over a
@@ -802,6 +824,9 @@ def _op_time_us(family: int, dtype_code: int, kernels: int, d: Sequence[int],
         t = sum(count * _row_us(fam, dtype_code, 1, dims, gpu, p, mlp)
                 for fam, dims, count in lstm_kernels(family, d))
         return max(t, params[R.P_LAUNCH_US])
+    if _is_conv(family) and d[9] > 1 and d[1] // d[9] == 1:
+        return depthwise_us(family, dtype_code, kernels, d, gpu, params,
+                            power_limit_share(mlp, gpu))
     if as_implicit_gemm(family, d) and precision_mode(family, dtype_code, gpu, params) != 1:
         # optime.implicit_gemm_us: where the convolution network would price it
         p = list(params)

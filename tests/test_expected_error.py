@@ -179,10 +179,11 @@ def test_the_published_standing_reads_every_harness_table(monkeypatch):
     assert ("gnmt", len(gnmt_published.LAMBDA)) in seen
     assert ("ncf", len(ncf_published.LAMBDA_COLUMNS)) in seen
     # each table's AMP row on an A100 is a tensor-core one; an fp32 row is not
-    # (timm's and the diffusion check's rows are all half precision: their
-    # V100 rows count too)
-    assert len(seen) == 11 and gpus.count("A100-SXM4-80GB") == 11
-    assert sorted(err) == [10.0] * 11 + [50.0] * 2
+    # (timm's two tables and the diffusion check's rows are all half
+    # precision: their V100 rows count too)
+    assert ("timm", len(timm_published.DEPTHWISE_PUBLISHED)) in seen
+    assert len(seen) == 12 and gpus.count("A100-SXM4-80GB") == 12
+    assert sorted(err) == [10.0] * 12 + [50.0] * 3
 
 
 def test_the_unseen_standing_takes_fp32_rows_on_boards_outside_the_data():
