@@ -101,11 +101,11 @@ TENSOR_FAMILIES = ("conv", "matmul", "attention")
 
 
 class ResnetBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int):
+    def __init__(self, c_in: int, c_out: int, time_dim: int):
         super().__init__()
         self.norm1 = nn.GroupNorm(GROUPS, c_in, eps=1e-5)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
-        self.time_emb_proj = nn.Linear(4 * CHANNELS[0], c_out)
+        self.time_emb_proj = nn.Linear(time_dim, c_out)
         self.norm2 = nn.GroupNorm(GROUPS, c_out, eps=1e-5)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
         self.conv_shortcut = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else None
@@ -167,20 +167,21 @@ class UNet(nn.Module):
     """SD v1.5's UNet2DConditionModel (down: three cross-attention levels and
     a plain one; up: the mirror, each ResNet block fed the matching skip)."""
 
-    def __init__(self):
+    def __init__(self, channels: tuple[int, ...] = CHANNELS):
         super().__init__()
-        c0 = CHANNELS[0]
+        c0 = channels[0]
+        self.channels = channels
         self.time_1 = nn.Linear(c0, 4 * c0)
         self.time_2 = nn.Linear(4 * c0, 4 * c0)
         self.conv_in = nn.Conv2d(LATENT_CHANNELS, c0, 3, padding=1)
         self.down = nn.ModuleList()
         skips = [c0]
         c_prev = c0
-        for level, c in enumerate(CHANNELS):
+        for level, c in enumerate(channels):
             attn = level < 3
             blocks = nn.ModuleList()
             for i in range(2):
-                blocks.append(nn.ModuleList([ResnetBlock(c_prev if i == 0 else c, c)]
+                blocks.append(nn.ModuleList([ResnetBlock(c_prev if i == 0 else c, c, 4 * c0)]
                                             + ([TransformerBlock(c)] if attn else [])))
                 skips.append(c)
             down = nn.Conv2d(c, c, 3, stride=2, padding=1) if level < 3 else None
@@ -188,16 +189,16 @@ class UNet(nn.Module):
                 skips.append(c)
             self.down.append(nn.ModuleDict({"blocks": blocks, **({"down": down} if down else {})}))
             c_prev = c
-        self.mid = nn.ModuleList([ResnetBlock(CHANNELS[-1], CHANNELS[-1]),
-                                  TransformerBlock(CHANNELS[-1]),
-                                  ResnetBlock(CHANNELS[-1], CHANNELS[-1])])
+        self.mid = nn.ModuleList([ResnetBlock(channels[-1], channels[-1], 4 * c0),
+                                  TransformerBlock(channels[-1]),
+                                  ResnetBlock(channels[-1], channels[-1], 4 * c0)])
         self.up = nn.ModuleList()
-        for level, c in enumerate(reversed(CHANNELS)):
+        for level, c in enumerate(reversed(channels)):
             attn = level > 0
             blocks = nn.ModuleList()
             for i in range(3):
                 c_in = (c_prev if i == 0 else c) + skips.pop()
-                blocks.append(nn.ModuleList([ResnetBlock(c_in, c)]
+                blocks.append(nn.ModuleList([ResnetBlock(c_in, c, 4 * c0)]
                                             + ([TransformerBlock(c)] if attn else [])))
             up = nn.Conv2d(c, c, 3, padding=1) if level < 3 else None
             self.up.append(nn.ModuleDict({"blocks": blocks, **({"up": up} if up else {})}))
@@ -206,7 +207,7 @@ class UNet(nn.Module):
         self.conv_out = nn.Conv2d(c0, LATENT_CHANNELS, 3, padding=1)
 
     def time_embedding(self, t, batch: int, dtype):
-        half = CHANNELS[0] // 2
+        half = self.channels[0] // 2
         freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32,
                                                           device=t.device) / half)
         emb = t.expand(batch)[:, None].float() * freqs[None, :]
@@ -243,9 +244,9 @@ class DenoisingStep(nn.Module):
     """One iteration of the pipeline's loop: guidance doubles the batch, the
     UNet predicts the noise, PNDM's multistep moves the latents."""
 
-    def __init__(self):
+    def __init__(self, channels: tuple[int, ...] = CHANNELS):
         super().__init__()
-        self.unet = UNet()
+        self.unet = UNet(channels)
 
     def forward(self, latents, t, context, ets1, ets2, ets3):
         noise = self.unet(torch.cat([latents] * 2), t, context)
@@ -303,7 +304,7 @@ def print_compiled(rows: list[dict]) -> None:
 
 
 def measure(out_dir, device: str = "cuda", batches=(1, 4, 16), latent: int = LATENT,
-            steps: int = 10) -> dict:
+            steps: int = 10, channels: tuple[int, ...] = CHANNELS) -> dict:
     """Time `DenoisingStep` (random fp16 weights, channels-last, no_grad) on
     `device` at each batch, and profile one step's kernels: what the
     published figures cannot say, whether a GPU's time goes where the
@@ -321,7 +322,7 @@ def measure(out_dir, device: str = "cuda", batches=(1, 4, 16), latent: int = LAT
     dev = torch.device(device)
     half = torch.float16 if dev.type == "cuda" else torch.float32
     with torch.device(dev):
-        step = DenoisingStep().to(half).to(memory_format=torch.channels_last).eval()
+        step = DenoisingStep(channels).to(half).to(memory_format=torch.channels_last).eval()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else device,
               "torch": torch.__version__, "latent": latent, "ms": {}}
@@ -359,10 +360,11 @@ def main(argv=None) -> int:
         ap = argparse.ArgumentParser(description="time and profile the step on a device")
         ap.add_argument("--measure", required=True, help="output folder")
         ap.add_argument("--smoke", action="store_true",
-                        help="a small rehearsal on the CPU (latents of 16, batch 1, 2 steps)")
+                        help="a small rehearsal on the CPU (a narrow UNet, latents of 16, "
+                             "batch 1, 2 steps)")
         a = ap.parse_args(argv)
         if a.smoke:
-            measure(a.measure, "cpu", batches=(1,), latent=16, steps=2)
+            measure(a.measure, "cpu", batches=(1,), latent=16, steps=2, channels=(32, 64, 64, 64))
         else:
             measure(a.measure)
         return 0

@@ -36,6 +36,7 @@ from predictor.kernels.features import (G_BMM, G_MATMUL, N_FEATURES, group_featu
                                         learned_time_us, learned_us, serving_group)
 from predictor.kernels.mlp import has_group, with_chip
 from predictor.kernels.mlp_block import block_scratch, efficiency_block
+from predictor.kernels.depthwise import is_depthwise
 from predictor.kernels.optime import op_time_us
 from predictor.kernels.clocks import power_limit_share, with_board_clock
 from predictor.kernels.precision import is_layout_transpose, rewrites
@@ -109,7 +110,8 @@ def _add_row(i, d, g0, g1, family, phase, dtype, count, kernels, gpus, params, m
     scaled = cal_us.shape[0] > 0 and cal_us[i] > 0.0
     group = serving_group(fam, d, mlp)
     if has_group(mlp, group) and not rewrites(fam, dt, params) \
-            and not is_layout_transpose(fam, d) and not as_implicit_gemm(fam, d):
+            and not is_layout_transpose(fam, d) and not as_implicit_gemm(fam, d) \
+            and not is_depthwise(fam, d):
         # The learned model, for the whole block of GPUs in one forward pass:
         # the block form of optime.op_time_us (the tests hold the two equal).
         x, eta, zbuf, hbuf, acc, ideal, eta_one, one = scratch

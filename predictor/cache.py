@@ -56,6 +56,7 @@ GRAPH_SOURCES = (
     "predictor.frontend.memory_pass",
     "predictor.frontend.layout_pass",
     "predictor.frontend.construction",
+    "predictor.frontend.devices",
     "predictor.dtypes",
     "predictor.lowering",
     "predictor.families",

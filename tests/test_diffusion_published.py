@@ -23,7 +23,7 @@ def test_the_unet_predicts_noise_of_the_latents_shape():
     """A real forward at a small latent size: the skips line up and the
     output is the latents' shape (guidance doubles the batch inside)."""
     torch.manual_seed(0)
-    step = sd.DenoisingStep().eval()
+    step = sd.DenoisingStep((32, 64, 64, 64)).eval()
     latents = torch.randn(1, sd.LATENT_CHANNELS, 16, 16)
     with torch.no_grad():
         out = step(latents, torch.tensor(981), torch.randn(2, 5, sd.TEXT_DIM),
