@@ -36,6 +36,7 @@ import torch
 from predictor import dtypes
 from predictor.fused_ops import fused_rms_norm
 from predictor.kernels import layout as L
+from predictor.kernels.depthwise import is_depthwise
 from predictor.kernels.work import as_implicit_gemm
 from predictor.registry import Registry
 
@@ -315,8 +316,8 @@ def _layout_transposes(dims: tuple[int, ...], x: TensorMeta, w: TensorMeta,
     same bytes in both formats and is not moved."""
     if x.channels_last or w.channels_last:
         return []
-    if len(dims) > 9 and dims[9] > 1 and dims[1] // dims[9] == 1:
-        return []   # a depthwise convolution: PyTorch's own NCHW kernels (kernels.depthwise)
+    if is_depthwise(L.CONV, np.asarray(dims, dtype=np.int64)):
+        return []   # PyTorch's own kernels read NCHW as it is (kernels.depthwise)
     flag = 1
     if x.dtype == torch.float32 and as_implicit_gemm(L.CONV, np.asarray(dims, dtype=np.int64)):
         flag = L.LAYOUT_IMPLICIT_GEMM
