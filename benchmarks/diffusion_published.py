@@ -44,9 +44,7 @@ PCIe 40GB and the A100 SXM4 80GB are shown beside it (`--a100`).
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import time
 
 import numpy as np
@@ -54,7 +52,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.ncf_published import breakdown_args, print_step_table, print_summary, step_row
+from benchmarks.ncf_published import breakdown_parser, print_step_table, print_summary, step_row
 
 SOURCE = ("Hugging Face diffusers, https://github.com/huggingface/diffusers/blob/"
           "07dc8feb1d54c93adb9a7443a48a6741e1dbf43f/docs/source/en/optimization/torch2.0.mdx "
@@ -354,21 +352,23 @@ def measure(out_dir, device: str = "cuda", batches=(1, 4, 16), latent: int = LAT
 
 
 def main(argv=None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
-    if "--measure" in argv or "--smoke" in argv:
-        ap = argparse.ArgumentParser(description="time and profile the step on a device")
-        ap.add_argument("--measure", required=True, help="output folder")
-        ap.add_argument("--smoke", action="store_true",
-                        help="a small rehearsal on the CPU (a narrow UNet, latents of 16, "
-                             "batch 1, 2 steps)")
-        a = ap.parse_args(argv)
-        if a.smoke:
-            measure(a.measure, "cpu", batches=(1,), latent=16, steps=2, channels=(32, 64, 64, 64))
+    ap = breakdown_parser(__doc__)
+    ap.add_argument("--measure", metavar="DIR",
+                    help="time and profile the step on this machine's CUDA GPU instead, "
+                         "writing DIR/sd15.json and the kernels' CSVs")
+    ap.add_argument("--smoke", action="store_true",
+                    help="with --measure: a small rehearsal on the CPU (a narrow UNet, "
+                         "latents of 16, batch 1, 2 steps)")
+    args = ap.parse_args(argv)
+    if args.smoke and not args.measure:
+        ap.error("--smoke rehearses --measure: give --measure DIR")
+    if args.measure:
+        if args.smoke:
+            measure(args.measure, "cpu", batches=(1,), latent=16, steps=2,
+                    channels=(32, 64, 64, 64))
         else:
-            measure(a.measure)
+            measure(args.measure)
         return 0
-    args = breakdown_args(__doc__, argv)
     graph = trace()
     rows = predict_rows(graph=graph)
     print(SOURCE)

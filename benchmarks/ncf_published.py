@@ -222,13 +222,18 @@ def main(argv=None) -> int:
     return 0
 
 
-def breakdown_args(doc: str, argv=None) -> argparse.Namespace:
+def breakdown_parser(doc: str) -> argparse.ArgumentParser:
     """The published-throughput harnesses' command line (`--breakdown`),
     described by the first paragraph of their docstring `doc`."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--breakdown", action="store_true", help="each row's time by op family")
-    return ap.parse_args(argv)
+    return ap
+
+
+def breakdown_args(doc: str, argv=None) -> argparse.Namespace:
+    """`breakdown_parser`'s arguments from `argv`."""
+    return breakdown_parser(doc).parse_args(argv)
 
 
 def step_row(model: str, gpu: str, precision: str, batch: int, published: float, items: float,

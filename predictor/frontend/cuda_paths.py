@@ -81,6 +81,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 from predictor.fused_ops import fused_rms_norm
+from predictor.lowering import is_channels_last
 
 _DROPOUTS = (F.dropout, torch.dropout)
 # torch.gru / rnn_tanh / rnn_relu (nn.GRU, nn.RNN call them as torch._VF.*) and
@@ -204,8 +205,7 @@ def _rms_norm(args: tuple, kwargs: dict, amp_dtype):
         return None
     if x.is_complex() or not x.is_floating_point():
         return None
-    if x.dim() in (4, 5) and not x.is_contiguous() and x.is_contiguous(
-            memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d):
+    if is_channels_last(x):
         return None
     if amp_dtype is not None and torch.is_autocast_enabled("cpu"):
         # CUDA's autocast runs rms_norm in fp32 (autocast_mode.cpp's fp32 list)
@@ -226,14 +226,11 @@ def _group_norm(func, args: tuple, kwargs: dict):
     """A group norm of a channels-last fake input as the CUDA build runs it,
     on an NCHW copy; None for any other input."""
     x = args[0] if args else kwargs.get("input")
-    if not isinstance(x, FakeTensor) or x.dim() not in (4, 5) or x.is_contiguous():
+    if not isinstance(x, FakeTensor) or not is_channels_last(x):
         return None
-    if not x.is_contiguous(memory_format=torch.channels_last if x.dim() == 4
-                           else torch.channels_last_3d):
-        return None
-    args = (x.contiguous(),) + tuple(args[1:]) if args else args
-    kwargs = {**kwargs, "input": x.contiguous()} if "input" in kwargs else kwargs
-    return func(*args, **kwargs)
+    if args:
+        return func(x.contiguous(), *args[1:], **kwargs)
+    return func(**{**kwargs, "input": x.contiguous()})
 
 
 _CONVS = (torch.conv2d, torch.conv3d, torch.conv_transpose2d, torch.conv_transpose3d)
